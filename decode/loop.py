@@ -1,0 +1,212 @@
+"""The decode loops: plain autoregressive decoding and speculative decoding with a draft model.
+
+Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): the draft proposes K tokens one
+at a time with its own KV cache, the target scores all K in one forward over K+1 positions, and
+verification keeps a prefix of the drafts plus one target token. Greedy verification reproduces
+the target's greedy output token for token; rejection sampling reproduces its distribution.
+
+Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt + accepted):
+- ``buf[0, :n]`` holds the tokens; drafts are written at ``buf[0, n : n+k]``.
+- the target cache holds exactly n-1 positions: token n-1 is the first input of the round;
+- the draft cache holds a prefix of the accepted tokens, 1 or 2 tokens short of n, never a
+  rejected token: after a full acceptance the last draft and the bonus token are fed together in
+  the next round's first draft step (one forward instead of gpt-fast's extra catch-up forward).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from decode.cache import CachedModel
+from decode.sampling import check_sampling_args, logits_to_probs, pad_vocab, sample
+from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
+from decode.verify import verify_greedy, verify_sampling
+
+
+def _clock(device: torch.device) -> float:
+    """Wall clock after the device has finished the queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _prepare_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Validate a batch-1 prompt and drop padded positions -> LongTensor [1, P]."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError("input_ids must be a 2-D LongTensor [batch, seq_len]")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"batch size {input_ids.shape[0]} is not supported: decode one prompt at a time "
+            "(input_ids of shape [1, seq_len]); batched speculative decoding is planned separately"
+        )
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
+        input_ids = input_ids[:, attention_mask[0].bool()]
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: speculative and autoregressive decoding need at least one token")
+    return input_ids
+
+
+def _eos_tensor(eos_token_id: int | list[int] | None, device: torch.device) -> torch.Tensor | None:
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, device=device) if ids else None
+
+
+def _first_eos(tokens: torch.Tensor, eos: torch.Tensor | None) -> int:
+    """Index of the first EOS in `tokens` [T], or -1."""
+    if eos is None:
+        return -1
+    hits = torch.isin(tokens, eos).nonzero()
+    return int(hits[0, 0]) if hits.numel() else -1
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator) -> torch.Tensor:
+    """Greedy argmax or a filtered sample from logits [V] -> 0-d LongTensor."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return sample(logits_to_probs(logits, temperature, top_k, top_p), generator)
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerateOutput:
+    """Plain cached decoding with `model`, one forward per new token: the baseline.
+
+    Args:
+        model: a causal LM (transformers 5 forward with ``cache=``), in eval mode.
+        input_ids: [1, P] prompt; batch size 1 only. attention_mask: optional [1, P]; padded
+            positions are dropped.
+        max_new_tokens: exact cap on new tokens. eos_token_id: stop after the first of these.
+        temperature / top_p / top_k: 0 temperature is greedy. generator: source of every draw.
+    Returns:
+        GenerateOutput with ``sequences`` = input_ids + new tokens and :class:`DecodeStats`.
+    """
+    check_sampling_args(temperature, top_p, top_k)
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    device = prompt.device
+    eos = _eos_tensor(eos_token_id, device)
+    stats = DecodeStats()
+    runner = CachedModel(model)
+    new: list[torch.Tensor] = []
+
+    start = _clock(device)
+    if max_new_tokens > 0:
+        token = _next_token(runner.forward(prompt, keep=1)[-1], temperature, top_k, top_p, generator)
+        stats.prefill_s = stats.ttft_s = _clock(device) - start
+        new.append(token)
+        while len(new) < max_new_tokens and not (eos is not None and bool(torch.isin(token, eos))):
+            logits = runner.forward(token.view(1, 1), keep=1)[-1]  # [V]
+            token = _next_token(logits, temperature, top_k, top_p, generator)
+            new.append(token)
+    stats.total_s = _clock(device) - start
+    stats.new_tokens = len(new)
+    stats.target_forwards = runner.forwards
+    tail = torch.stack(new).view(1, -1) if new else input_ids.new_empty((1, 0))
+    return GenerateOutput(sequences=torch.cat([input_ids, tail.to(input_ids.dtype)], dim=1), stats=stats)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    k: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerateOutput:
+    """Speculative decoding of `target` with `draft` proposing `k` tokens per round.
+
+    Same arguments and output as :func:`autoregressive_generate`, plus the draft and `k`. The
+    output equals the target's own greedy output at temperature 0, and is distributed as the
+    target's filtered distribution at temperature > 0. Target and draft must share a tokenizer
+    (see :func:`decode.load_pair`); their logit widths may differ (padded embeddings).
+    Stats are :class:`SpeculativeStats`.
+
+    Steps of a round, with n tokens known and r new tokens still allowed:
+        1. k_r = min(k, r - 1) so that the round can never overshoot ``max_new_tokens``;
+        2. the draft proposes d_1..d_k_r, feeding each one back (its own KV cache);
+        3. the target runs once over [x_n, d_1..d_k_r] -> k_r+1 distributions;
+        4. verification keeps d_1..d_a and appends one target token (correction or bonus);
+        5. both caches are cropped back to the accepted text; stop at the first EOS.
+    """
+    check_sampling_args(temperature, top_p, top_k)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    device = prompt.device
+    eos = _eos_tensor(eos_token_id, device)
+    greedy = temperature == 0
+    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k)
+    tgt, dft = CachedModel(target), CachedModel(draft)
+
+    n_prompt = prompt.shape[1]
+    buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
+    buf[:, :n_prompt] = prompt
+    n = n_prompt  # tokens known: prompt + accepted
+
+    start = _clock(device)
+    if n_prompt > 1 and max_new_tokens > 0:  # prefill: every prompt token but the last one
+        tgt.forward(buf[:, : n - 1], keep=1)
+        dft.forward(buf[:, : n - 1], keep=1)
+    stats.prefill_s = _clock(device) - start
+
+    finished = max_new_tokens <= 0
+    while not finished:
+        k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
+        q_rows = []
+        for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in, one draft token out
+            logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1]  # [V_draft]
+            if greedy:
+                buf[0, n + i] = logits.argmax(-1)
+            else:
+                q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
+                buf[0, n + i] = sample(q_rows[-1], generator)
+        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)  # step 3: [k_r+1, V_target]
+        drafts = buf[0, n : n + k_r]  # [k_r]
+        if greedy:  # step 4
+            n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
+        else:
+            p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V_target]
+            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V_draft]
+            width = max(p.shape[-1], q.shape[-1])
+            n_acc, nxt = verify_sampling(drafts, pad_vocab(q, width), pad_vocab(p, width), generator)
+        buf[0, n + n_acc] = nxt
+        stats.record_round(k_r, n_acc)
+
+        n_new = n_acc + 1
+        eos_at = _first_eos(buf[0, n : n + n_new], eos)
+        if eos_at >= 0:
+            n_new, finished = eos_at + 1, True
+        tgt.crop(n + n_acc)  # step 5: the target saw n + k_r positions; keep n + n_acc
+        dft.crop(n + n_acc)
+        n += n_new
+        finished = finished or n - n_prompt >= max_new_tokens
+        if stats.rounds == 1:
+            stats.ttft_s = _clock(device) - start
+
+    stats.total_s = _clock(device) - start
+    stats.new_tokens = n - n_prompt
+    stats.target_forwards, stats.draft_forwards = tgt.forwards, dft.forwards
+    tail = buf[:, n_prompt:n].to(input_ids.dtype)
+    return GenerateOutput(sequences=torch.cat([input_ids, tail], dim=1), stats=stats)

@@ -1,0 +1,116 @@
+"""What one decode call measured: token counts, forward counts and wall times.
+
+Forward counts sit next to wall times on purpose: a change in speed with unchanged counts is
+machine noise or kernel cost, a change in counts is the algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class DecodeStats:
+    """Statistics of a plain autoregressive decode (and the common part of a speculative one).
+
+    Attributes:
+        new_tokens: tokens generated after the prompt (EOS included when it ended the output).
+        target_forwards: forward calls of the target, prefill included.
+        prefill_s: wall time of the prompt forward(s).
+        ttft_s: wall time from the call to the first new token being known.
+        total_s: wall time of the whole call.
+    """
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        """Wall time after the prefill."""
+        return self.total_s - self.prefill_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first one (0 when fewer than two tokens)."""
+        if self.new_tokens < 2:
+            return 0.0
+        return (self.total_s - self.ttft_s) / (self.new_tokens - 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of the whole call."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain dict with the derived values, ready for JSON."""
+        out = asdict(self)
+        out.update(decode_s=self.decode_s, tpot_s=self.tpot_s, tokens_per_s=self.tokens_per_s)
+        return out
+
+
+@dataclass
+class SpeculativeStats(DecodeStats):
+    """Statistics of a speculative decode.
+
+    Attributes:
+        k: the requested number of draft tokens per round (rounds near the end may draft fewer).
+        rounds: verification forwards of the target (each yields 1 .. k+1 tokens).
+        drafted / accepted: draft tokens proposed / accepted by verification.
+        draft_forwards: forward calls of the draft, prefill included.
+        drafted_per_position / accepted_per_position: [k] counts for draft position i = 1..k.
+    """
+
+    k: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_forwards: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha = accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """tau = new tokens per verification forward of the target, in [1, k+1]."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft token i accepted | it was drafted), i = 1..k."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record_round(self, k_round: int, n_accepted: int) -> None:
+        """Count one verification round that drafted `k_round` tokens and accepted `n_accepted`."""
+        self.rounds += 1
+        self.drafted += k_round
+        self.accepted += n_accepted
+        for i in range(k_round):
+            self.drafted_per_position[i] += 1
+            if i < n_accepted:
+                self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_tokens=self.mean_accepted_tokens,
+            per_position_acceptance=self.per_position_acceptance,
+        )
+        return out
+
+
+@dataclass
+class GenerateOutput:
+    """Result of a decode call: `sequences` [1, prompt + new] and its `stats`."""
+
+    sequences: torch.Tensor
+    stats: DecodeStats

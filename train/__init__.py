@@ -1,0 +1,1 @@
+"""train package (see DESIGN.md)."""
