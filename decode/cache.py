@@ -7,10 +7,17 @@ crop the next forward continues at the right position without any bookkeeping he
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 from transformers import DynamicCache
+
+
+@functools.cache
+def _takes_logits_to_keep(model_class: type) -> bool:
+    """Whether the forward can skip the LM head on positions we do not need."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 class CachedModel:
@@ -24,7 +31,7 @@ class CachedModel:
         self.model = model
         self.cache = DynamicCache(config=getattr(model, "config", None))
         self.forwards = 0
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keep_arg = _takes_logits_to_keep(type(model))
 
     def __len__(self) -> int:
         """Number of positions held in the cache."""

@@ -20,7 +20,7 @@ import time
 import torch
 
 from decode.cache import CachedModel
-from decode.sampling import check_sampling_args, logits_to_probs, pad_vocab, sample
+from decode.sampling import check_sampling_args, logits_to_probs, sample
 from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
 from decode.verify import verify_greedy, verify_sampling
 
@@ -63,6 +63,11 @@ def _first_eos(tokens: torch.Tensor, eos: torch.Tensor | None) -> int:
         return -1
     hits = torch.isin(tokens, eos).nonzero()
     return int(hits[0, 0]) if hits.numel() else -1
+
+
+def _logit_width(model: torch.nn.Module) -> int:
+    """Number of logits the model produces (rows of its output embedding)."""
+    return model.get_output_embeddings().weight.shape[0]
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator) -> torch.Tensor:
@@ -140,8 +145,10 @@ def speculative_generate(
     Same arguments and output as :func:`autoregressive_generate`, plus the draft and `k`. The
     output equals the target's own greedy output at temperature 0, and is distributed as the
     target's filtered distribution at temperature > 0. Target and draft must share a tokenizer
-    (see :func:`decode.load_pair`); their logit widths may differ (padded embeddings).
-    Stats are :class:`SpeculativeStats`.
+    (see :func:`decode.load_pair`). Their logit widths may differ (padded embedding tables, as in
+    Qwen): both distributions are then taken over the shared range ``[0, min(V_target, V_draft))``,
+    which holds every real token of the tokenizer, so a padded id that one model cannot embed is
+    never produced. Stats are :class:`SpeculativeStats`.
 
     Steps of a round, with n tokens known and r new tokens still allowed:
         1. k_r = min(k, r - 1) so that the round can never overshoot ``max_new_tokens``;
@@ -164,6 +171,7 @@ def speculative_generate(
     buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
     buf[:, :n_prompt] = prompt
     n = n_prompt  # tokens known: prompt + accepted
+    width = min(_logit_width(target), _logit_width(draft))  # shared token range V
 
     start = _clock(device)
     if n_prompt > 1 and max_new_tokens > 0:  # prefill: every prompt token but the last one
@@ -176,21 +184,20 @@ def speculative_generate(
         k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
         q_rows = []
         for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in, one draft token out
-            logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1]  # [V_draft]
+            logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1, :width]  # [V]
             if greedy:
                 buf[0, n + i] = logits.argmax(-1)
             else:
                 q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
                 buf[0, n + i] = sample(q_rows[-1], generator)
-        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)  # step 3: [k_r+1, V_target]
+        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # step 3: [k_r+1, V]
         drafts = buf[0, n : n + k_r]  # [k_r]
         if greedy:  # step 4
             n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
         else:
-            p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V_target]
-            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V_draft]
-            width = max(p.shape[-1], q.shape[-1])
-            n_acc, nxt = verify_sampling(drafts, pad_vocab(q, width), pad_vocab(p, width), generator)
+            p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V]
+            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V]
+            n_acc, nxt = verify_sampling(drafts, q, p, generator)
         buf[0, n + n_acc] = nxt
         stats.record_round(k_r, n_acc)
 

@@ -67,11 +67,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     flat = probs.reshape(-1, probs.shape[-1])
     draws = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
     return draws.reshape(probs.shape[:-1])
-
-
-def pad_vocab(probs_or_logits: torch.Tensor, width: int, fill: float = 0.0) -> torch.Tensor:
-    """Right-pad the last dimension to `width` with `fill` (padded embedding tables differ)."""
-    missing = width - probs_or_logits.shape[-1]
-    if missing <= 0:
-        return probs_or_logits
-    return torch.nn.functional.pad(probs_or_logits, (0, missing), value=fill)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from decode.sampling import apply_top_k, apply_top_p, check_sampling_args, logits_to_probs, pad_vocab, sample
+from decode.sampling import apply_top_k, apply_top_p, check_sampling_args, logits_to_probs, sample
 
 NEG = float("-inf")
 
@@ -86,9 +86,3 @@ def test_sample_is_reproducible_and_respects_zeros():
     b = sample(probs, torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and a.shape == (200,)
     assert set(a.tolist()) == {1, 2}
-
-
-def test_pad_vocab():
-    x = torch.tensor([[0.5, 0.5]])
-    assert pad_vocab(x, 4).tolist() == [[0.5, 0.5, 0.0, 0.0]]
-    assert pad_vocab(x, 2) is x

@@ -1,0 +1,129 @@
+"""The speculative loop on stub models with fixed logits: accept / reject / bonus cases pinned by hand."""
+
+import pytest
+import torch
+
+from decode import autoregressive_generate, speculative_generate
+from stubs import random_table, scripted
+
+V = 32
+TARGET_SCRIPT = [0, 1] + list(range(10, 26))  # position i -> token; new tokens start at position 2
+PROMPT = torch.tensor([[0, 1]])
+
+
+def draft_script(wrong_positions: dict[int, int]) -> list[int]:
+    script = list(TARGET_SCRIPT)
+    for pos, tok in wrong_positions.items():
+        script[pos] = tok
+    return script
+
+
+def test_reject_then_bonus_by_hand():
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({4: 30}), V)
+    out = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=7)
+    assert out.sequences[0, 2:].tolist() == [10, 11, 12, 13, 14, 15, 16]
+    s = out.stats
+    # round 1: drafts 10 11 30, target 10 11 12 -> accept 2 + correction 12
+    # round 2: drafts 13 14 15, all accepted -> bonus 16
+    assert (s.rounds, s.drafted, s.accepted) == (2, 6, 5)
+    assert s.drafted_per_position == [2, 2, 2] and s.accepted_per_position == [2, 2, 1]
+    assert s.per_position_acceptance == [1.0, 1.0, 0.5]
+    assert (s.target_forwards, s.draft_forwards) == (3, 7)  # prefill + one per round; prefill + 3 + 3
+    assert s.mean_accepted_tokens == 3.5 and s.acceptance_rate == 5 / 6 and s.new_tokens == 7
+    # the target sees exactly [last, d1..dK] each round; rejected tokens never reach a later forward
+    assert target.calls == [[0], [1, 10, 11, 30], [12, 13, 14, 15]]
+    assert draft.calls == [[0], [1], [10], [11], [12], [13], [14]]
+
+
+def test_full_acceptance_catch_up_and_short_last_block():
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({4: 30}), V)
+    out = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=10)
+    assert out.sequences[0, 2:].tolist() == list(range(10, 20))
+    # round 3 has 3 tokens left -> drafts only 2; the draft first catches up on [15, 16] in one forward
+    assert draft.calls[-2:] == [[15, 16], [17]]
+    assert target.calls[-1] == [16, 17, 18]
+    assert out.stats.drafted_per_position == [3, 3, 2] and out.stats.accepted_per_position == [3, 3, 1]
+
+
+@pytest.mark.parametrize("eos, expected", [(12, [10, 11, 12]), (11, [10, 11]), (10, [10])])
+def test_eos_inside_a_block_ends_the_output(eos, expected):
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({4: 30}), V)
+    out = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=12, eos_token_id=eos)
+    assert out.sequences[0, 2:].tolist() == expected
+    assert out.stats.rounds == 1 and out.stats.new_tokens == len(expected)
+    ar = autoregressive_generate(target, PROMPT, max_new_tokens=12, eos_token_id=[99 % V, eos])
+    assert ar.sequences[0, 2:].tolist() == expected
+
+
+def test_a_draft_that_is_always_wrong_yields_one_token_per_round():
+    target, draft = scripted(TARGET_SCRIPT, V), scripted([0, 1] + [31] * 16, V)
+    out = speculative_generate(target, draft, PROMPT, k=4, max_new_tokens=6)
+    assert out.sequences[0, 2:].tolist() == list(range(10, 16))
+    assert out.stats.accepted == 0 and out.stats.rounds == 6 and out.stats.mean_accepted_tokens == 1.0
+
+
+def test_one_token_prompt_and_k_larger_than_budget():
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(TARGET_SCRIPT, V)
+    out = speculative_generate(target, draft, torch.tensor([[0]]), k=8, max_new_tokens=3)
+    assert out.sequences[0].tolist() == [0, 1, 10, 11]
+    assert out.stats.drafted_per_position == [1, 1, 0, 0, 0, 0, 0, 0]  # k shortened to 2 = budget - 1
+    assert out.stats.target_forwards == 1  # no prefill for a single-token prompt
+
+
+def test_zero_new_tokens_returns_the_prompt():
+    target = scripted(TARGET_SCRIPT, V)
+    assert torch.equal(speculative_generate(target, target, PROMPT, max_new_tokens=0).sequences, PROMPT)
+    assert torch.equal(autoregressive_generate(target, PROMPT, max_new_tokens=0).sequences, PROMPT)
+
+
+def test_left_padding_is_dropped_for_batch_one():
+    target, draft = random_table(V, 1), random_table(V, 2)
+    plain = speculative_generate(target, draft, torch.tensor([[5, 6, 7]]), k=2, max_new_tokens=8)
+    padded = speculative_generate(target, draft, torch.tensor([[0, 0, 5, 6, 7]]), torch.tensor([[0, 0, 1, 1, 1]]),
+                                  k=2, max_new_tokens=8)
+    assert torch.equal(padded.sequences[:, 5:], plain.sequences[:, 3:])
+    assert padded.sequences[0, :5].tolist() == [0, 0, 5, 6, 7]
+
+
+def test_sampling_with_identical_models_accepts_everything():
+    model = random_table(V, 3)
+    out = speculative_generate(model, model, PROMPT, k=4, max_new_tokens=20, temperature=1.0,
+                               generator=torch.Generator().manual_seed(0))
+    assert out.stats.acceptance_rate == 1.0 and out.stats.new_tokens == 20
+
+
+def test_same_seed_same_sample_different_seed_differs():
+    target, draft = random_table(V, 4), random_table(V, 5)
+    run = lambda seed: speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=16, temperature=1.0,  # noqa: E731
+                                            generator=torch.Generator().manual_seed(seed)).sequences
+    assert torch.equal(run(7), run(7))
+    assert any(not torch.equal(run(7), run(s)) for s in range(8, 12))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(input_ids=torch.tensor([[1, 2], [3, 4]])), "batch size 2"),
+    (dict(input_ids=torch.tensor([1, 2])), "2-D"),
+    (dict(input_ids=torch.zeros((1, 0), dtype=torch.long)), "empty"),
+    (dict(k=0), "k \\(draft tokens per round\\)"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+])
+def test_bad_arguments_are_clear_errors(bad, match):
+    model = scripted(TARGET_SCRIPT, V)
+    kwargs = dict(input_ids=PROMPT, k=2, max_new_tokens=4) | bad
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(model, model, **kwargs)
+
+
+def test_autoregressive_rejects_batches_too():
+    model = scripted(TARGET_SCRIPT, V)
+    with pytest.raises(ValueError, match="batch size 3"):
+        autoregressive_generate(model, torch.zeros((3, 2), dtype=torch.long))
+
+
+def test_stats_serialise():
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({4: 30}), V)
+    d = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=7).stats.to_dict()
+    assert d["accepted_per_position"] == [2, 2, 1] and d["mean_accepted_tokens"] == 3.5
+    assert {"prefill_s", "ttft_s", "total_s", "decode_s", "tpot_s", "tokens_per_s", "draft_forwards"} <= d.keys()
+    assert d["total_s"] >= d["ttft_s"] >= d["prefill_s"] >= 0
