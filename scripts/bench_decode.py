@@ -1,0 +1,184 @@
+"""Benchmark the decode engine: plain decoding vs draftsmith's speculative loop vs HF assisted generation.
+
+Prints one JSON document. For each K: tokens/s of the three engines on the same prompts (runs
+interleaved prompt by prompt, engine order rotated each repeat, medians over repeats), whether the
+three outputs are identical (greedy), acceptance alpha, tau, per-position acceptance, the measured
+cost ratios c and c_v, the predicted speedup from them, and loop efficiency = measured / predicted.
+
+    python scripts/bench_decode.py                      # the demo pair (built and cached on first use)
+    python scripts/bench_decode.py --target DIR --draft DIR --k 2 4 6 --prompts 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from decode.timing import cost_ratios  # noqa: E402
+from eval.theory import predicted_speedup  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", help="target model dir or hub id (default: the demo pair)")
+    ap.add_argument("--draft", help="draft model dir or hub id (default: the demo pair)")
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6], help="draft lengths to measure")
+    ap.add_argument("--prompts", type=int, default=8, help="number of prompts")
+    ap.add_argument("--prompts-file", help="JSONL file with a 'prompt' field (default: standard-library code)")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="tokens per prompt (standard-library prompts)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts per K")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF assisted generation")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if (args.target is None) != (args.draft is None):
+        ap.error("give both --target and --draft, or neither for the demo pair")
+    if any(k < 1 for k in args.k):
+        ap.error(f"--k values must be >= 1, got {args.k}")
+    return args
+
+
+def get_prompts(args, tokenizer) -> list[torch.Tensor]:
+    """Prompts from --prompts-file (JSONL, field "prompt"), else cut from the standard library source."""
+    if args.prompts_file is None:
+        from draftsmith.demo import demo_prompts
+
+        return demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=args.seed)
+    prompts = []
+    with open(args.prompts_file, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "prompt" not in record:
+                sys.exit(f"{args.prompts_file}:{line_no}: no 'prompt' field (fields: {sorted(record)})")
+            prompts.append(tokenizer(record["prompt"], return_tensors="pt").input_ids)
+            if len(prompts) == args.prompts:
+                break
+    if not prompts:
+        sys.exit(f"{args.prompts_file}: no prompts found")
+    return prompts
+
+
+def run_engine(engine: str, pair, prompt: torch.Tensor, k: int, max_new: int, eos):
+    """One greedy generation; returns (sequence [1, L], seconds, stats or None)."""
+    start = time.perf_counter()
+    if engine == "autoregressive":
+        out = autoregressive_generate(pair.target, prompt, max_new_tokens=max_new, eos_token_id=eos)
+        seq, stats = out.sequences, out.stats
+    elif engine == "speculative":
+        out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_new, eos_token_id=eos)
+        seq, stats = out.sequences, out.stats
+    else:  # HF assisted generation, constant K, no early stop on draft confidence
+        gc = pair.draft.generation_config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
+        seq = pair.target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=pair.draft,
+                                   do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
+                                   pad_token_id=pair.tokenizer.pad_token_id)
+        stats = None
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return seq, time.perf_counter() - start, stats
+
+
+def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
+    """All engines on all prompts for one K, interleaved; medians over repeats."""
+    for engine in engines:  # warm-up
+        run_engine(engine, pair, prompts[0], k, 8, eos)
+    rates = {e: [] for e in engines}
+    equal = {e: True for e in engines if e != "autoregressive"}
+    spec_stats = []
+    for rep in range(args.repeats):
+        order = engines[rep % len(engines):] + engines[: rep % len(engines)]
+        seconds = {e: 0.0 for e in engines}
+        tokens = {e: 0 for e in engines}
+        for prompt in prompts:
+            seqs = {}
+            for engine in order:
+                seq, sec, stats = run_engine(engine, pair, prompt, k, args.max_new_tokens, eos)
+                seqs[engine], seconds[engine] = seq, seconds[engine] + sec
+                tokens[engine] += seq.shape[1] - prompt.shape[1]
+                if engine == "speculative" and rep == 0:
+                    spec_stats.append(stats)
+            for engine in equal:
+                equal[engine] &= torch.equal(seqs[engine].cpu(), seqs["autoregressive"].cpu())
+        for e in engines:
+            rates[e].append(tokens[e] / seconds[e])
+    drafted = sum(s.drafted for s in spec_stats)
+    accepted = sum(s.accepted for s in spec_stats)
+    per_pos_d = [sum(s.drafted_per_position[i] for s in spec_stats) for i in range(k)]
+    per_pos_a = [sum(s.accepted_per_position[i] for s in spec_stats) for i in range(k)]
+    tps = {e: statistics.median(v) for e, v in rates.items()}
+    return {
+        "k": k,
+        "tokens_per_s": tps,
+        "tokens_per_s_all_repeats": rates,
+        "outputs_equal_to_autoregressive": equal,
+        "speedup_vs_autoregressive": tps["speculative"] / tps["autoregressive"],
+        "speculative_vs_hf_assisted": tps["speculative"] / tps["hf_assisted"] if "hf_assisted" in tps else None,
+        "hf_assisted_vs_autoregressive": tps["hf_assisted"] / tps["autoregressive"] if "hf_assisted" in tps else None,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_tokens": sum(s.new_tokens for s in spec_stats) / sum(s.rounds for s in spec_stats),
+        "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_pos_a, per_pos_d)],
+        "target_forwards": sum(s.target_forwards for s in spec_stats),
+        "draft_forwards": sum(s.draft_forwards for s in spec_stats),
+    }
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    if args.target is None:
+        from draftsmith.demo import build_demo_pair
+
+        target_path, draft_path = build_demo_pair(log=lambda m: print(m, file=sys.stderr))
+    else:
+        target_path, draft_path = args.target, args.draft
+    pair = load_pair(target_path, draft_path, dtype=args.dtype, device=args.device)
+    prompts = [p.to(args.device) for p in get_prompts(args, pair.tokenizer)]
+    eos = pair.eos_token_id
+    engines = ["autoregressive", "speculative"] + ([] if args.no_hf else ["hf_assisted"])
+
+    context = prompts[0]
+    costs = cost_ratios(pair.target, pair.draft, context, args.k)
+    results = []
+    for k in args.k:
+        row = bench_k(pair, prompts, k, args, eos, engines)
+        c_v = costs["c_v"][k]
+        row["c"], row["c_v"] = costs["c"], c_v
+        row["predicted_speedup"] = predicted_speedup(row["acceptance_rate"], k, costs["c"], c_v)
+        row["loop_efficiency"] = row["speedup_vs_autoregressive"] / row["predicted_speedup"]
+        results.append(row)
+        print(f"k={k}: spec {row['tokens_per_s']['speculative']:.1f} tok/s, "
+              f"ar {row['tokens_per_s']['autoregressive']:.1f}, alpha {row['acceptance_rate']:.3f}", file=sys.stderr)
+    report = {
+        "target": str(target_path), "draft": str(draft_path),
+        "params": {"target": pair.target.num_parameters(), "draft": pair.draft.num_parameters()},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("target", "draft")},
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "device": args.device},
+        "costs": {"target_step_ms": costs["target_step_s"] * 1e3, "draft_step_ms": costs["draft_step_s"] * 1e3,
+                  "c": costs["c"], "c_v": costs["c_v"]},
+        "results": results,
+    }
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
