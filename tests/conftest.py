@@ -106,3 +106,13 @@ def prompts(n: int, seed: int = 0, min_len: int = 2, max_len: int = 12) -> list[
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
         out.append(torch.randint(len(SPECIALS), len(VOCAB), (1, length), generator=gen))
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skip them, saying so, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
