@@ -15,16 +15,16 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from decode.artifacts import atomic_dir
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -158,18 +158,6 @@ def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, 
     return losses
 
 
-def _save_atomically(final: Path, write) -> None:
-    """Call write(tmp_dir), then rename tmp_dir to `final`; an interruption leaves no partial entry."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        write(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def build_demo_pair(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> tuple[Path, Path]:
     """Return (target_dir, draft_dir) of the demo pair, building and caching it on first use."""
     spec = spec or DemoSpec()
@@ -178,7 +166,7 @@ def build_demo_pair(spec: DemoSpec | None = None, root: Path | None = None, log=
     if (entry / "manifest.json").exists():
         return target_dir, draft_dir
 
-    def write(tmp: Path) -> None:
+    with atomic_dir(entry) as tmp:
         started = time.time()
         torch.manual_seed(spec.seed)
         files = stdlib_files()
@@ -204,8 +192,6 @@ def build_demo_pair(spec: DemoSpec | None = None, root: Path | None = None, log=
             "build_s": time.time() - started,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-
-    _save_atomically(entry, write)
     return target_dir, draft_dir
 
 
