@@ -88,7 +88,9 @@ def check_embedding_width(model: torch.nn.Module, tokenizer: PreTrainedTokenizer
         )
 
 
-def _load_tokenizer(name_or_path: str, role: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str | Path, role: str = "model") -> PreTrainedTokenizerBase:
+    """AutoTokenizer.from_pretrained with an error that names the role and the path."""
+    name_or_path = str(name_or_path)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
@@ -98,7 +100,19 @@ def _load_tokenizer(name_or_path: str, role: str) -> PreTrainedTokenizerBase:
         raise PairError(f"cannot load the {role} tokenizer from {name_or_path!r}: {hint} ({exc})") from exc
 
 
-def _load_model(name_or_path: str, role: str, dtype: torch.dtype | str, device: str | torch.device) -> torch.nn.Module:
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
+    """A torch dtype from its name ("float32", "bfloat16", ...); "auto" passes through."""
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise PairError(f"unknown dtype {dtype!r}: use float32, float16, bfloat16 or auto")
+        return getattr(torch, dtype)
+    return dtype
+
+
+def load_model(name_or_path: str | Path, role: str = "model", dtype: torch.dtype | str = "auto",
+               device: str | torch.device = "cpu") -> torch.nn.Module:
+    """AutoModelForCausalLM.from_pretrained in eval mode on `device`; errors name the role and path."""
+    name_or_path, dtype = str(name_or_path), resolve_dtype(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     except (OSError, ValueError) as exc:
@@ -124,15 +138,12 @@ def load_pair(
             fewer logits than tokens. Checked before any weights are loaded where possible.
     """
     target_name, draft_name = str(target), str(draft)
-    if isinstance(dtype, str) and dtype != "auto":
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise PairError(f"unknown dtype {dtype!r}: use float32, float16, bfloat16 or auto")
-        dtype = getattr(torch, dtype)
-    target_tok = _load_tokenizer(target_name, "target")
-    draft_tok = _load_tokenizer(draft_name, "draft")
+    dtype = resolve_dtype(dtype)
+    target_tok = load_tokenizer(target_name, "target")
+    draft_tok = load_tokenizer(draft_name, "draft")
     check_tokenizers(target_tok, draft_tok, target_name, draft_name)
-    target_model = _load_model(target_name, "target", dtype, device)
-    draft_model = _load_model(draft_name, "draft", dtype, device)
+    target_model = load_model(target_name, "target", dtype, device)
+    draft_model = load_model(draft_name, "draft", dtype, device)
     check_embedding_width(target_model, target_tok, target_name)
     check_embedding_width(draft_model, target_tok, draft_name)
     return ModelPair(target_model, draft_model, target_tok, target_name, draft_name)

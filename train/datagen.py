@@ -1,0 +1,194 @@
+"""datagen: run the target on domain prompts and keep what it says.
+
+Output (written atomically to ``cfg.out_dir``): a ``datasets.DatasetDict`` saved with
+``save_to_disk`` under ``data/`` with splits ``train`` and ``heldout``, one row per completion:
+
+    prompt_ids       list[int]   the prompt, as tokenized for the target
+    completion_ids   list[int]   the target's new tokens (ends with EOS when `finished`)
+    finished         bool        the completion ended with EOS before max_new_tokens
+    prompt_index     int         index of the prompt within its split
+    topk_ids         list[list[int]]    (top_k_logprobs > 0) the target's top-k token ids per completion position
+    topk_logprobs    list[list[float]]  their log-probabilities (temperature 1, before any filter)
+
+and ``manifest.json`` (target, tokenizer hash, sampling settings, counts, timings, provenance).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from decode.pair import load_model, load_tokenizer
+from train.prompts import PromptSource, prepare_prompts, read_prompts
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class DatagenConfig:
+    """Settings of the datagen stage; each field is documented where it is used below."""
+
+    target: str  # HF directory or hub id of the target
+    prompts: PromptSource  # where the prompts come from
+    out_dir: str  # output directory (replaced atomically)
+    max_prompt_tokens: int = 512  # longer prompts are dropped (counted in the manifest)
+    heldout_fraction: float = 0.1  # share of prompts held out for eval, by text hash
+    max_prompts: int | None = None  # stop reading after this many kept prompts
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    n_completions: int = 1  # completions per prompt (sampling only)
+    batch_size: int = 16
+    top_k_logprobs: int = 0  # > 0: keep the target's top-k log-probs per completion position
+    min_prompts: int = 1  # fewer usable training prompts than this is an error
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)  # free-form provenance from the caller
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"datagen.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n_completions < 1:
+            raise ValueError(f"datagen.n_completions must be >= 1, got {self.n_completions}")
+        if self.n_completions > 1 and self.temperature == 0:
+            raise ValueError("datagen.n_completions > 1 needs temperature > 0: greedy completions would be identical")
+        if self.batch_size < 1:
+            raise ValueError(f"datagen.batch_size must be >= 1, got {self.batch_size}")
+        if self.top_k_logprobs < 0:
+            raise ValueError(f"datagen.top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
+
+
+@torch.inference_mode()
+def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig,
+                   generator_seed: int) -> list[dict]:
+    """Generate for a batch of prompts with left padding; one dict per completion, in prompt order."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):  # left padding: real tokens at the right end
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        mask[row, width - len(ids):] = 1
+    sampling = cfg.temperature > 0
+    torch.manual_seed(generator_seed)  # HF generate samples from the global generator
+    out = model.generate(
+        input_ids=input_ids.to(cfg.device), attention_mask=mask.to(cfg.device), max_new_tokens=cfg.max_new_tokens,
+        do_sample=sampling, temperature=cfg.temperature if sampling else None, top_p=cfg.top_p if sampling else None,
+        top_k=0 if sampling else None, num_return_sequences=cfg.n_completions, pad_token_id=pad,
+        return_dict_in_generate=True, output_logits=cfg.top_k_logprobs > 0,
+    )
+    new = out.sequences[:, width:].cpu()  # [B*n, T]
+    eos = _eos_ids(model, tokenizer)
+    if cfg.top_k_logprobs:
+        logp = torch.log_softmax(torch.stack(out.logits, 1).float(), -1)  # [B*n, T, V]
+        top = torch.topk(logp, cfg.top_k_logprobs, dim=-1)
+    records = []
+    for row in range(new.shape[0]):
+        tokens = new[row].tolist()
+        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
+        finished = end is not None
+        tokens = tokens[:end] if finished else tokens
+        rec = {"prompt_ids": prompts[row // cfg.n_completions], "completion_ids": tokens, "finished": finished}
+        if cfg.top_k_logprobs:
+            rec["topk_ids"] = top.indices[row, : len(tokens)].tolist()
+            rec["topk_logprobs"] = top.values[row, : len(tokens)].tolist()
+        records.append(rec)
+    return records
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+
+def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig, desc: str) -> list[dict]:
+    """All completions for `prompts`, batched by similar length (less padding), returned in prompt order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    results: dict[int, list[dict]] = {}
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True)
+    started, n_tokens = time.perf_counter(), 0
+    for b in range(0, len(order), cfg.batch_size):
+        idx = order[b : b + cfg.batch_size]
+        recs = generate_batch(model, tokenizer, [prompts[i] for i in idx], cfg, cfg.seed + b)
+        for j, i in enumerate(idx):
+            results[i] = recs[j * cfg.n_completions : (j + 1) * cfg.n_completions]
+        n_tokens += sum(len(r["completion_ids"]) for r in recs)
+        bar.update(len(idx))
+        bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - started):.1f}")
+    bar.close()
+    rows = []
+    for i in range(len(prompts)):
+        for rec in results[i]:
+            rows.append({**rec, "prompt_index": i})
+    return rows
+
+
+def run(cfg: DatagenConfig) -> dict:
+    """Run datagen end to end; returns the manifest (also written to ``out_dir/manifest.json``)."""
+    import datasets
+
+    started = time.time()
+    tokenizer = load_tokenizer(cfg.target, "target")
+    texts = read_prompts(cfg.prompts, tokenizer)
+    prepared = prepare_prompts(texts, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                               heldout_fraction=cfg.heldout_fraction, max_prompts=cfg.max_prompts)
+    if len(prepared.train) < cfg.min_prompts:
+        raise ValueError(f"prompts {cfg.prompts.path!r}: only {len(prepared.train)} usable training prompts "
+                         f"(need >= {cfg.min_prompts}; counts: {prepared.counts}). Add prompts or raise "
+                         "max_prompt_tokens.")
+    model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
+    gen_started = time.perf_counter()
+    splits = {name: generate_all(model, tokenizer, ids, cfg, f"datagen {name}")
+              for name, ids in (("train", prepared.train), ("heldout", prepared.heldout))}
+    gen_s = time.perf_counter() - gen_started
+    n_tokens = sum(len(r["completion_ids"]) for rows in splits.values() for r in rows)
+    features = _features(cfg.top_k_logprobs > 0)
+    ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
+                               for name, rows in splits.items()})
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "stage": "datagen", "target": cfg.target,
+        "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg),
+        "counts": {**prepared.counts, "completions": {k: len(v) for k, v in splits.items()},
+                   "completion_tokens": n_tokens},
+        "timing": {"generate_s": gen_s, "tokens_per_s": n_tokens / gen_s if gen_s else 0.0,
+                   "total_s": time.time() - started},
+        "provenance": provenance(),
+    }
+    with atomic_dir(cfg.out_dir) as tmp:
+        ds.save_to_disk(str(tmp / "data"))
+        write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def _features(with_topk: bool):
+    import datasets
+
+    f = {"prompt_ids": datasets.Sequence(datasets.Value("int32")),
+         "completion_ids": datasets.Sequence(datasets.Value("int32")),
+         "finished": datasets.Value("bool"), "prompt_index": datasets.Value("int32")}
+    if with_topk:
+        f["topk_ids"] = datasets.Sequence(datasets.Sequence(datasets.Value("int32")))
+        f["topk_logprobs"] = datasets.Sequence(datasets.Sequence(datasets.Value("float32")))
+    return datasets.Features(f)
+
+
+def load_output(out_dir: str | Path):
+    """(DatasetDict, manifest) of a datagen output; a clear error when it is missing or incomplete."""
+    import json
+
+    import datasets
+
+    out_dir = Path(out_dir)
+    manifest_path = out_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{out_dir} is not a datagen output (no manifest.json); run the datagen stage first")
+    manifest = json.loads(manifest_path.read_text())
+    return datasets.load_from_disk(str(out_dir / "data")), manifest
