@@ -1,0 +1,166 @@
+"""train: losses go down, agreement goes up, LoRA merge, resume equality, NaN stop, clear input errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import make_model, make_tokenizer
+from train import trainer
+from train.datagen import DatagenConfig
+from train.datagen import run as run_datagen
+from train.prompts import PromptSource
+from train.trainer import TrainConfig, TrainingError
+
+
+def word_prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [" ".join(f"w{int(i)}" for i in torch.randint(0, 60, (int(torch.randint(3, 9, (1,), generator=gen)),),
+                                                             generator=gen)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("pair")
+    target = make_model("llama", seed=0)
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    draft = make_model("llama", seed=9, layers=1)
+    draft.save_pretrained(root / "draft")
+    tokenizer.save_pretrained(root / "draft")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in word_prompts(80)))
+    run_datagen(DatagenConfig(target=str(root / "target"), prompts=PromptSource(str(prompts)), out_dir=str(root / "data"),
+                              max_new_tokens=12, batch_size=16, heldout_fraction=0.2, top_k_logprobs=8))
+    return root
+
+
+def cfg(pair_dirs, tmp_path, **kw):
+    base = dict(data_dir=str(pair_dirs / "data"), draft=str(pair_dirs / "draft"), target=str(pair_dirs / "target"),
+                out_dir=str(tmp_path / "train"), steps=30, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=30,
+                save_every=0, eval_rows=16)
+    return TrainConfig(**(base | kw))
+
+
+def first_last(metrics, key):
+    return metrics["history"]["eval"][0][key], metrics["history"]["eval"][-1][key]
+
+
+@pytest.mark.parametrize("loss, teacher", [("fkl", "online"), ("tvd", "online"), ("jsd", "cached"), ("ce", "online")])
+def test_training_lowers_the_loss_and_raises_agreement(pair_dirs, tmp_path, loss, teacher):
+    c = cfg(pair_dirs, tmp_path, loss=loss, teacher=teacher, eval_every=10)
+    metrics = trainer.run(c)
+    l0, l1 = first_last(metrics, "heldout/loss")
+    a0, a1 = first_last(metrics, "heldout/top1_agreement")
+    train_losses = [h["loss"] for h in metrics["history"]["train"]]
+    assert sum(train_losses[-5:]) < sum(train_losses[:5]), train_losses
+    assert l1 < l0 and a1 >= a0, (l0, l1, a0, a1)
+    out = tmp_path / "train"
+    assert (out / "draft" / "config.json").exists() and (out / "draft" / "tokenizer.json").exists()
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "draft")  # loadable
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["loss"] == loss and manifest["stage"] == "train"
+
+
+def test_baseline_agreement_starts_low(pair_dirs, tmp_path):
+    metrics = trainer.run(cfg(pair_dirs, tmp_path, steps=1, lr=1e-9, eval_every=1))
+    assert metrics["final"]["heldout/top1_agreement"] < 0.5
+
+
+def test_lora_merged_model_matches_base_plus_adapter(pair_dirs, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    trainer.run(cfg(pair_dirs, tmp_path, method="lora", lora_r=4, steps=8, lr=1e-2))
+    out = tmp_path / "train"
+    merged = AutoModelForCausalLM.from_pretrained(out / "draft").eval()
+    base = AutoModelForCausalLM.from_pretrained(pair_dirs / "draft")
+    with_adapter = PeftModel.from_pretrained(base, out / "adapter").eval()
+    ids = torch.randint(4, 64, (2, 10))
+    with torch.no_grad():
+        a, b = merged(input_ids=ids).logits, with_adapter(input_ids=ids).logits
+        plain = base.get_base_model()(input_ids=ids).logits if hasattr(base, "get_base_model") else None
+    assert torch.allclose(a, b, atol=1e-4)
+    fresh = AutoModelForCausalLM.from_pretrained(pair_dirs / "draft")
+    with torch.no_grad():
+        assert not torch.allclose(a, fresh(input_ids=ids).logits, atol=1e-3)  # training changed something
+    assert plain is None or plain.shape == a.shape
+
+
+def test_lora_modules_that_match_nothing(pair_dirs, tmp_path):
+    with pytest.raises(TrainingError, match=r"matches no module.*q_proj"):
+        trainer.run(cfg(pair_dirs, tmp_path, method="lora", lora_target_modules=["attn_c"]))
+
+
+def test_resume_gives_the_same_weights(pair_dirs, tmp_path, monkeypatch):
+    common = dict(steps=6, save_every=2, eval_every=0, grad_accum=2, batch_size=4)
+    trainer.run(cfg(pair_dirs, tmp_path / "a", **common))
+    reference = load_file(tmp_path / "a" / "train" / "draft" / "model.safetensors")
+
+    real = trainer.batch_loss
+    calls = {"n": 0}
+
+    def crash_on_ninth(*args, **kwargs):  # micro-batch 9 = step 5 (grad_accum 2): after checkpoint 4
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "batch_loss", crash_on_ninth)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
+    assert not (tmp_path / "b" / "train" / "draft").exists()
+    assert trainer.latest_checkpoint(tmp_path / "b" / "train")[1] == 4
+    monkeypatch.setattr(trainer, "batch_loss", real)
+    trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
+    resumed = load_file(tmp_path / "b" / "train" / "draft" / "model.safetensors")
+    assert reference.keys() == resumed.keys()
+    for key in reference:
+        assert torch.equal(reference[key], resumed[key]), key
+
+
+def test_non_finite_loss_stops_with_a_clear_message(pair_dirs, tmp_path, monkeypatch):
+    real = trainer.batch_loss
+    calls = {"n": 0}
+
+    def nan_on_third(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 3 else loss), metrics
+
+    monkeypatch.setattr(trainer, "batch_loss", nan_on_third)
+    with pytest.raises(TrainingError, match=r"not finite .* at step 2.*step_0000002"):
+        trainer.run(cfg(pair_dirs, tmp_path, steps=5, save_every=1, eval_every=0))
+    assert trainer.latest_checkpoint(tmp_path / "train")[1] == 2
+
+
+def test_on_policy_batches_run(pair_dirs, tmp_path):
+    metrics = trainer.run(cfg(pair_dirs, tmp_path, on_policy_fraction=0.5, on_policy_max_new_tokens=6, steps=4,
+                              eval_every=4))
+    assert len(metrics["history"]["train"]) == 4
+
+
+def test_draft_from_config_is_random_init(pair_dirs, tmp_path):
+    metrics = trainer.run(cfg(pair_dirs, tmp_path, draft_from_config=True, steps=2, eval_every=2))
+    assert metrics["final"]["heldout/loss"] > 0
+
+
+def test_bad_inputs_fail_before_training(pair_dirs, tmp_path, tokenizer):
+    with pytest.raises(TrainingError, match="fewer than train.batch_size=500"):
+        trainer.run(cfg(pair_dirs, tmp_path, batch_size=500))
+    other = tmp_path / "other"
+    make_model("llama", seed=1, layers=1).save_pretrained(other)
+    make_tokenizer([f"v{i}" for i in range(60)]).save_pretrained(other)
+    with pytest.raises(Exception, match="tokenizer"):
+        trainer.run(cfg(pair_dirs, tmp_path, draft=str(other)))
+    with pytest.raises(TrainingError, match="generated by .* tokenizer differs"):
+        trainer.run(cfg(pair_dirs, tmp_path, target=str(other)))
+    with pytest.raises(FileNotFoundError, match="not a datagen output"):
+        trainer.run(cfg(pair_dirs, tmp_path, data_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="train.target is required"):
+        TrainConfig(data_dir="d", draft="x", out_dir="o", loss="fkl", teacher="online")
+    with pytest.raises(ValueError, match="train.loss must be one of"):
+        TrainConfig(data_dir="d", draft="x", out_dir="o", loss="kl", target="t")
