@@ -5,8 +5,10 @@ folders and generated tables left out), the tokenizer is a byte-level BPE traine
 models are small Llama-style causal LMs trained on it with fixed seeds. The pair is built once and
 cached under a user cache directory (``DRAFTSMITH_CACHE`` overrides it), keyed by its spec.
 
-The draft is trained by token-level distillation from the target on the same text, so that it
-agrees with the target often enough to be worth speculating with.
+The demo draft is made by draftsmith's own stages: the target answers prompts cut from the
+standard library (datagen), and a small draft is distilled on those answers with the target as an
+online teacher (train), so that it agrees with the target where it matters: on the target's own
+outputs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import sysconfig
 import time
@@ -43,18 +46,35 @@ class ModelSpec:
 
 @dataclass
 class DemoSpec:
-    """Everything that determines the demo pair; its hash names the cache entry."""
+    """Everything that determines the demo tokenizer and target; its hash names the cache entry."""
 
     vocab_size: int = 4096
     seq_len: int = 128
     batch_size: int = 16
     target: ModelSpec = field(default_factory=lambda: ModelSpec(layers=8, hidden=512, heads=8, steps=160, lr=2e-3))
-    draft: ModelSpec = field(default_factory=lambda: ModelSpec(layers=1, hidden=128, heads=2, steps=150))
     seed: int = 0
     version: int = 1
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True) + sys.version.split()[0]
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass
+class DraftSpec:
+    """The distilled demo draft: its size, and the datagen + train run that aligns it to the target."""
+
+    model: ModelSpec = field(default_factory=lambda: ModelSpec(layers=2, hidden=128, heads=2, steps=300, lr=3e-3))
+    prompts: int = 384
+    prompt_tokens: int = 48
+    max_new_tokens: int = 64
+    loss: str = "fkl"
+    batch_size: int = 16
+    seed: int = 1000  # prompt sampling seed, apart from the benchmark's held-out prompts (seed 0)
+    version: int = 1
+
+    def key(self, target_key: str) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True) + target_key
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -125,8 +145,8 @@ def make_model(spec: ModelSpec, tokenizer, seq_len: int, seed: int):
     return model
 
 
-def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, desc: str, teacher=None) -> list[float]:
-    """Train `model` on `rows` [N, T]: next-token cross-entropy, or forward KL to `teacher` when given.
+def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, desc: str) -> list[float]:
+    """Pretrain `model` on `rows` [N, T] with next-token cross-entropy.
 
     AdamW, linear warmup then cosine decay, gradient clipping at 1.0; returns the loss curve.
     """
@@ -141,13 +161,7 @@ def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, 
     for _ in bar:
         batch = rows[torch.randint(0, rows.shape[0], (batch_size,), generator=gen)]  # [B, T]
         logits = model(input_ids=batch).logits[:, :-1].float()  # [B, T-1, V]
-        if teacher is None:
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        else:
-            with torch.no_grad():
-                t_logp = torch.log_softmax(teacher(input_ids=batch).logits[:, :-1].float(), -1)
-            s_logp = torch.log_softmax(logits, -1)
-            loss = (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean()  # KL(teacher || student)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -158,41 +172,74 @@ def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, 
     return losses
 
 
-def build_demo_pair(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> tuple[Path, Path]:
-    """Return (target_dir, draft_dir) of the demo pair, building and caching it on first use."""
+def build_demo_target(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> Path:
+    """The demo target directory (with its tokenizer), trained and cached on first use."""
     spec = spec or DemoSpec()
-    entry = (root or cache_root()) / f"demo-pair-{spec.key()}"
-    target_dir, draft_dir = entry / "target", entry / "draft"
+    entry = (root or cache_root()) / f"demo-target-{spec.key()}"
     if (entry / "manifest.json").exists():
-        return target_dir, draft_dir
-
+        return entry / "target"
     with atomic_dir(entry) as tmp:
         started = time.time()
         torch.manual_seed(spec.seed)
         files = stdlib_files()
-        log(f"draftsmith demo: building the demo pair from {len(files)} standard-library files "
+        log(f"draftsmith demo: training the demo target on {len(files)} standard-library files "
             f"(once; cached in {entry})")
         texts = read_texts(files)
         tokenizer = train_tokenizer(texts, spec.vocab_size)
         rows = pack(tokenizer, texts, spec.seq_len)
         log(f"draftsmith demo: tokenizer of {len(tokenizer)} tokens, {rows.numel():,} training tokens")
         target = make_model(spec.target, tokenizer, spec.seq_len, spec.seed)
-        t_losses = fit(target, rows, spec.target, spec.batch_size, spec.seed, "demo target")
+        losses = fit(target, rows, spec.target, spec.batch_size, spec.seed, "demo target")
         target.eval()
-        draft = make_model(spec.draft, tokenizer, spec.seq_len, spec.seed + 1)
-        d_losses = fit(draft, rows, spec.draft, spec.batch_size, spec.seed + 1, "demo draft (KD)", teacher=target)
-        draft.eval()
-        for model, sub in ((target, "target"), (draft, "draft")):
-            model.save_pretrained(tmp / sub)
-            tokenizer.save_pretrained(tmp / sub)
-        manifest = {
-            "spec": asdict(spec), "python": sys.version, "files": len(files), "tokens": rows.numel(),
-            "params": {"target": target.num_parameters(), "draft": draft.num_parameters()},
-            "final_loss": {"target": t_losses[-1], "draft_kd": d_losses[-1]},
-            "build_s": time.time() - started,
-        }
+        target.save_pretrained(tmp / "target")
+        tokenizer.save_pretrained(tmp / "target")
+        manifest = {"spec": asdict(spec), "python": sys.version, "files": len(files), "tokens": rows.numel(),
+                    "params": target.num_parameters(), "final_loss": losses[-1], "build_s": time.time() - started}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return target_dir, draft_dir
+    return entry / "target"
+
+
+def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path | None = None, log=print) -> Path:
+    """A draft distilled from the demo target with draftsmith's own datagen and train stages, cached."""
+    from train import datagen, trainer
+    from train.prompts import PromptSource
+    from transformers import AutoTokenizer
+
+    spec = spec or DraftSpec()
+    entry = (root or cache_root()) / f"demo-draft-{spec.key(Path(target_dir).parent.name)}"
+    if (entry / "manifest.json").exists():
+        return entry / "draft"
+    with atomic_dir(entry) as tmp:
+        started = time.time()
+        log(f"draftsmith demo: distilling a {spec.model.layers}-layer draft from the demo target (once; cached in {entry})")
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        prompts = demo_prompts(tokenizer, spec.prompts, spec.prompt_tokens, seed=spec.seed)
+        jsonl = tmp / "prompts.jsonl"
+        jsonl.write_text("".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n" for p in prompts))
+        datagen.run(datagen.DatagenConfig(target=str(target_dir), prompts=PromptSource(str(jsonl)),
+                                          out_dir=str(tmp / "datagen"), max_new_tokens=spec.max_new_tokens,
+                                          batch_size=32, heldout_fraction=0.1, max_prompt_tokens=4 * spec.prompt_tokens))
+        init = tmp / "init"
+        make_model(spec.model, tokenizer, DemoSpec().seq_len, seed=1).save_pretrained(init)
+        tokenizer.save_pretrained(init)
+        metrics = trainer.run(trainer.TrainConfig(
+            data_dir=str(tmp / "datagen"), draft=str(init), target=str(target_dir), out_dir=str(tmp / "train"),
+            loss=spec.loss, teacher="online", steps=spec.model.steps, batch_size=spec.batch_size, lr=spec.model.lr,
+            warmup_steps=spec.model.steps // 20, eval_every=max(1, spec.model.steps // 3), save_every=0, device="cpu"))
+        os.replace(tmp / "train" / "draft", tmp / "draft")
+        for sub in ("init", "train", "datagen"):
+            shutil.rmtree(tmp / sub)
+        jsonl.unlink()
+        manifest = {"spec": asdict(spec), "target": str(target_dir), "final": metrics["final"],
+                    "build_s": time.time() - started}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return entry / "draft"
+
+
+def build_demo_pair(root: Path | None = None, log=print) -> tuple[Path, Path]:
+    """(target_dir, draft_dir) of the demo pair, built and cached on first use."""
+    target_dir = build_demo_target(root=root, log=log)
+    return target_dir, build_demo_draft(target_dir, root=root, log=log)
 
 
 def demo_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[torch.Tensor]:

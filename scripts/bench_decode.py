@@ -3,7 +3,8 @@
 Prints one JSON document. For each K: tokens/s of the three engines on the same prompts (runs
 interleaved prompt by prompt, engine order rotated each repeat, medians over repeats), whether the
 three outputs are identical (greedy), acceptance alpha, tau, per-position acceptance, the measured
-cost ratios c and c_v, the predicted speedup from them, and loop efficiency = measured / predicted.
+cost ratios c and c_v, the predicted speedup from them, and loop efficiency = measured / predicted
+(also against the prediction that uses the measured tokens per target step instead of alpha).
 
     python scripts/bench_decode.py                      # the demo pair (built and cached on first use)
     python scripts/bench_decode.py --target DIR --draft DIR --k 2 4 6 --prompts 10
@@ -163,6 +164,10 @@ def main(argv=None) -> dict:
         row["c"], row["c_v"] = costs["c"], c_v
         row["predicted_speedup"] = predicted_speedup(row["acceptance_rate"], k, costs["c"], c_v)
         row["loop_efficiency"] = row["speedup_vs_autoregressive"] / row["predicted_speedup"]
+        # the same cost model with the measured tau instead of the i.i.d.-alpha estimate of it:
+        # isolates the loop's own overhead from how acceptance is spread over positions
+        row["predicted_speedup_from_tau"] = row["mean_accepted_tokens"] / (k * costs["c"] + c_v)
+        row["loop_efficiency_tau"] = row["speedup_vs_autoregressive"] / row["predicted_speedup_from_tau"]
         results.append(row)
         print(f"k={k}: spec {row['tokens_per_s']['speculative']:.1f} tok/s, "
               f"ar {row['tokens_per_s']['autoregressive']:.1f}, alpha {row['acceptance_rate']:.3f}", file=sys.stderr)

@@ -164,3 +164,27 @@ def test_bad_inputs_fail_before_training(pair_dirs, tmp_path, tokenizer):
         TrainConfig(data_dir="d", draft="x", out_dir="o", loss="fkl", teacher="online")
     with pytest.raises(ValueError, match="train.loss must be one of"):
         TrainConfig(data_dir="d", draft="x", out_dir="o", loss="kl", target="t")
+
+
+def _train_in_process(config: TrainConfig) -> None:
+    import os
+
+    trainer.run(config)
+    rank = int(os.environ.get("RANK", "0"))
+    (__import__("pathlib").Path(config.out_dir) / f"rank{rank}.done").write_text("ok")
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
+    """Data-parallel on 2 CPU processes (gloo): both ranks take part, parameters stay identical, one output."""
+    from accelerate import debug_launcher
+
+    config = cfg(pair_dirs, tmp_path, steps=4, batch_size=4, save_every=2, eval_every=4)
+    debug_launcher(_train_in_process, args=(config,), num_processes=2)
+    out = tmp_path / "train"
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    a, b = metrics["rank_param_checksums"]
+    assert a == b
+    assert sorted(p.name for p in out.glob("rank*.done")) == ["rank0.done", "rank1.done"]
+    assert [p.name for p in out.iterdir() if p.name.startswith("draft")] == ["draft"]

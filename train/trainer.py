@@ -383,8 +383,12 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
     """Write the draft (merged for LoRA), the adapter, train_metrics.json and manifest.json (main process)."""
     accelerator.wait_for_everyone()
     out_dir = Path(cfg.out_dir)
+    # every rank's parameter checksum: they must be identical after data-parallel training
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    rank_checksums = accelerator.gather(checksum.to(accelerator.device)).tolist()
     metrics = {"history": history, "final": history["eval"][-1] if history["eval"] else {},
-               "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "world_size": accelerator.num_processes}
+               "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "world_size": accelerator.num_processes,
+               "rank_param_checksums": rank_checksums}
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(model)
         if cfg.method == "lora":

@@ -1,0 +1,35 @@
+"""The embedded demo pair: built from the standard library with draftsmith's own stages, then cached."""
+
+import pytest
+
+from decode import load_pair, speculative_generate
+from draftsmith.demo import (DemoSpec, DraftSpec, ModelSpec, build_demo_draft, build_demo_target, demo_prompts,
+                             stdlib_files)
+
+
+def test_stdlib_files_exclude_tests_and_generated_tables():
+    files = stdlib_files()
+    assert len(files) > 100
+    parts = {part for f in files for part in f.parts}
+    assert not parts & {"test", "tests", "idle_test", "encodings", "pydoc_data", "site-packages"}
+
+
+@pytest.mark.slow
+def test_tiny_demo_pair_builds_once_and_decodes(tmp_path):
+    spec = DemoSpec(vocab_size=300, seq_len=32, batch_size=4, target=ModelSpec(layers=1, hidden=32, heads=2, steps=3))
+    target_dir = build_demo_target(spec, root=tmp_path, log=lambda m: None)
+    draft_spec = DraftSpec(model=ModelSpec(layers=1, hidden=16, heads=2, steps=3), prompts=24, prompt_tokens=8,
+                           max_new_tokens=6, batch_size=4)
+    draft_dir = build_demo_draft(target_dir, draft_spec, root=tmp_path, log=lambda m: None)
+    manifests = sorted(tmp_path.glob("*/manifest.json"))
+    assert len(manifests) == 2
+    stamps = [m.stat().st_mtime_ns for m in manifests]
+    assert build_demo_target(spec, root=tmp_path) == target_dir  # cached: nothing rebuilt
+    assert build_demo_draft(target_dir, draft_spec, root=tmp_path) == draft_dir
+    assert [m.stat().st_mtime_ns for m in manifests] == stamps
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(m.parent.name for m in manifests)  # no temp dirs
+
+    pair = load_pair(target_dir, draft_dir)
+    prompt = demo_prompts(pair.tokenizer, 1, 8)[0]
+    out = speculative_generate(pair.target, pair.draft, prompt, k=3, max_new_tokens=8)
+    assert out.sequences.shape[1] == 16
