@@ -61,6 +61,8 @@ class SpeculativeStats(DecodeStats):
         k: the requested number of draft tokens per round (rounds near the end may draft fewer).
         rounds: verification forwards of the target (each yields 1 .. k+1 tokens).
         drafted / accepted: draft tokens proposed / accepted by verification.
+        rejected: rounds that ended with a rejected draft token (the tokens after it in the block
+            were drafted but never tested).
         draft_forwards: forward calls of the draft, prefill included.
         drafted_per_position / accepted_per_position: [k] counts for draft position i = 1..k.
     """
@@ -69,6 +71,7 @@ class SpeculativeStats(DecodeStats):
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
@@ -77,6 +80,16 @@ class SpeculativeStats(DecodeStats):
     def acceptance_rate(self) -> float:
         """alpha = accepted / drafted (0 when nothing was drafted)."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """Per-token acceptance probability: accepted / (accepted + rejected) over the tokens actually tested.
+
+        This is the alpha of the speedup formula (Leviathan et al. 2023). `acceptance_rate` is lower
+        because it also counts the drafted tokens after a rejection, which are never tested.
+        """
+        tested = self.accepted + self.rejected
+        return self.accepted / tested if tested else 0.0
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -93,6 +106,7 @@ class SpeculativeStats(DecodeStats):
         self.rounds += 1
         self.drafted += k_round
         self.accepted += n_accepted
+        self.rejected += int(n_accepted < k_round)
         for i in range(k_round):
             self.drafted_per_position[i] += 1
             if i < n_accepted:
@@ -102,6 +116,7 @@ class SpeculativeStats(DecodeStats):
         out = super().to_dict()
         out.update(
             acceptance_rate=self.acceptance_rate,
+            token_acceptance=self.token_acceptance,
             mean_accepted_tokens=self.mean_accepted_tokens,
             per_position_acceptance=self.per_position_acceptance,
         )

@@ -2,7 +2,13 @@
 
 c   = draft forward of 1 token / target forward of 1 token,
 c_v = target forward of k+1 tokens / target forward of 1 token,
-both at the context length of a real prompt, with the KV cache, medians over repeats.
+all with the KV cache at the context length of a real prompt, medians over repeats.
+
+The target step is timed back to back, as plain decoding runs it. The draft steps and the
+verification forward are timed in the call pattern of a speculative round (verify k+1, then k
+draft steps, repeated), because that is how they run: on a CPU the first draft step after the
+target's forward is markedly slower than a draft step timed back to back (the target's weights
+have evicted the draft's from the caches). Back-to-back draft costs are reported beside them.
 """
 
 from __future__ import annotations
@@ -15,31 +21,47 @@ import torch
 from decode.cache import CachedModel
 
 
-def _sync(device: torch.device) -> None:
+def _timed(runner: CachedModel, tokens: torch.Tensor, restore: int) -> float:
+    """Seconds of one cached forward of `tokens` [1, T]; the cache is cropped back to `restore` after."""
+    device = tokens.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    runner.forward(tokens, keep=tokens.shape[1])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    runner.crop(restore)
+    return seconds
 
 
 @torch.inference_mode()
-def forward_seconds(model: torch.nn.Module, context: torch.Tensor, tokens: int, repeats: int = 20) -> float:
-    """Median wall time of one cached forward of `tokens` new tokens after `context` [1, P]."""
-    runner = CachedModel(model)
-    runner.forward(context, keep=1)
-    new = context[:, -1:].repeat(1, tokens)  # [1, tokens]; values do not change the cost
-    times = []
-    for _ in range(repeats + 2):  # two warm-up calls
-        _sync(context.device)
-        start = time.perf_counter()
-        runner.forward(new, keep=tokens)
-        _sync(context.device)
-        times.append(time.perf_counter() - start)
-        runner.crop(context.shape[1])
-    return statistics.median(times[2:])
-
-
 def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20) -> dict:
-    """{"target_step_s", "draft_step_s", "c", "c_v": {k: ratio}} measured at `context` [1, P]."""
-    target_step = forward_seconds(target, context, 1, repeats)
-    draft_step = forward_seconds(draft, context, 1, repeats)
-    c_v = {k: forward_seconds(target, context, k + 1, repeats) / target_step for k in ks}
-    return {"target_step_s": target_step, "draft_step_s": draft_step, "c": draft_step / target_step, "c_v": c_v}
+    """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).
+
+    Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},
+    "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}.
+    """
+    tgt, dft = CachedModel(target), CachedModel(draft)
+    tgt.forward(context, keep=1)
+    dft.forward(context, keep=1)
+    p = context.shape[1]
+    one = context[:, -1:]  # token values do not change the cost
+
+    def median_of(fn) -> float:
+        samples = [fn() for _ in range(repeats + 2)]  # two warm-up calls
+        return statistics.median(samples[2:])
+
+    target_step = median_of(lambda: _timed(tgt, one, p))
+    draft_step = median_of(lambda: _timed(dft, one, p))
+    out = {"target_step_s": target_step, "draft_step_s": draft_step, "c_isolated": draft_step / target_step,
+           "c": {}, "c_v": {}, "draft_step_in_round_s": {}, "verify_s": {}}
+    for k in ks:
+        verify, drafts = [], []
+        for _ in range(repeats + 2):
+            verify.append(_timed(tgt, one.repeat(1, k + 1), p))
+            drafts.append(sum(_timed(dft, one, p) for _ in range(k)) / k)
+        v, d = statistics.median(verify[2:]), statistics.median(drafts[2:])
+        out["verify_s"][k], out["draft_step_in_round_s"][k] = v, d
+        out["c_v"][k], out["c"][k] = v / target_step, d / target_step
+    return out

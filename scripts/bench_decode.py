@@ -2,9 +2,11 @@
 
 Prints one JSON document. For each K: tokens/s of the three engines on the same prompts (runs
 interleaved prompt by prompt, engine order rotated each repeat, medians over repeats), whether the
-three outputs are identical (greedy), acceptance alpha, tau, per-position acceptance, the measured
-cost ratios c and c_v, the predicted speedup from them, and loop efficiency = measured / predicted
-(also against the prediction that uses the measured tokens per target step instead of alpha).
+three outputs are identical (greedy), acceptance (share of drafted tokens accepted, and the
+per-token acceptance probability alpha over the tokens actually tested), tau, per-position
+acceptance, the measured cost ratios c and c_v (see decode/timing.py), the predicted speedup
+(1 - alpha^(K+1)) / ((1 - alpha)(K c + c_v)), and loop efficiency = measured / predicted (also
+against the prediction that uses the measured tokens per target step instead of alpha).
 
     python scripts/bench_decode.py                      # the demo pair (built and cached on first use)
     python scripts/bench_decode.py --target DIR --draft DIR --k 2 4 6 --prompts 10
@@ -134,6 +136,7 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
         "speculative_vs_hf_assisted": tps["speculative"] / tps["hf_assisted"] if "hf_assisted" in tps else None,
         "hf_assisted_vs_autoregressive": tps["hf_assisted"] / tps["autoregressive"] if "hf_assisted" in tps else None,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "token_acceptance": accepted / (accepted + sum(s.rejected for s in spec_stats)) if drafted else 0.0,
         "mean_accepted_tokens": sum(s.new_tokens for s in spec_stats) / sum(s.rounds for s in spec_stats),
         "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_pos_a, per_pos_d)],
         "target_forwards": sum(s.target_forwards for s in spec_stats),
@@ -160,13 +163,13 @@ def main(argv=None) -> dict:
     results = []
     for k in args.k:
         row = bench_k(pair, prompts, k, args, eos, engines)
-        c_v = costs["c_v"][k]
-        row["c"], row["c_v"] = costs["c"], c_v
-        row["predicted_speedup"] = predicted_speedup(row["acceptance_rate"], k, costs["c"], c_v)
+        c, c_v = costs["c"][k], costs["c_v"][k]
+        row["c"], row["c_v"], row["c_isolated"] = c, c_v, costs["c_isolated"]
+        row["predicted_speedup"] = predicted_speedup(row["token_acceptance"], k, c, c_v)
         row["loop_efficiency"] = row["speedup_vs_autoregressive"] / row["predicted_speedup"]
         # the same cost model with the measured tau instead of the i.i.d.-alpha estimate of it:
         # isolates the loop's own overhead from how acceptance is spread over positions
-        row["predicted_speedup_from_tau"] = row["mean_accepted_tokens"] / (k * costs["c"] + c_v)
+        row["predicted_speedup_from_tau"] = row["mean_accepted_tokens"] / (k * c + c_v)
         row["loop_efficiency_tau"] = row["speedup_vs_autoregressive"] / row["predicted_speedup_from_tau"]
         results.append(row)
         print(f"k={k}: spec {row['tokens_per_s']['speculative']:.1f} tok/s, "
@@ -177,8 +180,10 @@ def main(argv=None) -> dict:
         "settings": {k: v for k, v in vars(args).items() if k not in ("target", "draft")},
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "device": args.device},
-        "costs": {"target_step_ms": costs["target_step_s"] * 1e3, "draft_step_ms": costs["draft_step_s"] * 1e3,
-                  "c": costs["c"], "c_v": costs["c_v"]},
+        "costs": {"target_step_ms": costs["target_step_s"] * 1e3, "draft_step_ms_back_to_back": costs["draft_step_s"] * 1e3,
+                  "draft_step_ms_in_round": {k: v * 1e3 for k, v in costs["draft_step_in_round_s"].items()},
+                  "verify_ms": {k: v * 1e3 for k, v in costs["verify_s"].items()},
+                  "c_isolated": costs["c_isolated"], "c": costs["c"], "c_v": costs["c_v"]},
         "results": results,
     }
     print(json.dumps(report, indent=2))

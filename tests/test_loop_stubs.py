@@ -30,6 +30,7 @@ def test_reject_then_bonus_by_hand():
     assert s.per_position_acceptance == [1.0, 1.0, 0.5]
     assert (s.target_forwards, s.draft_forwards) == (3, 7)  # prefill + one per round; prefill + 3 + 3
     assert s.mean_accepted_tokens == 3.5 and s.acceptance_rate == 5 / 6 and s.new_tokens == 7
+    assert s.rejected == 1 and s.token_acceptance == 5 / 6  # 5 accepted of the 6 tokens tested
     # the target sees exactly [last, d1..dK] each round; rejected tokens never reach a later forward
     assert target.calls == [[0], [1, 10, 11, 30], [12, 13, 14, 15]]
     assert draft.calls == [[0], [1], [10], [11], [12], [13], [14]]
@@ -60,6 +61,8 @@ def test_a_draft_that_is_always_wrong_yields_one_token_per_round():
     out = speculative_generate(target, draft, PROMPT, k=4, max_new_tokens=6)
     assert out.sequences[0, 2:].tolist() == list(range(10, 16))
     assert out.stats.accepted == 0 and out.stats.rounds == 6 and out.stats.mean_accepted_tokens == 1.0
+    # drafted 4 per round (fewer near the end) but only the first of each block was tested
+    assert out.stats.rejected == 5 and out.stats.token_acceptance == 0.0 and out.stats.drafted > 6
 
 
 def test_one_token_prompt_and_k_larger_than_budget():
