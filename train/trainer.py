@@ -407,3 +407,20 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
         })
     accelerator.wait_for_everyone()
     return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m train.trainer CONFIG.json``: the train stage from a JSON TrainConfig.
+
+    The form to start under ``torchrun --nproc_per_node N`` or ``accelerate launch``.
+    """
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m train.trainer CONFIG.json  (fields of train.trainer.TrainConfig)")
+    run(TrainConfig(**json.loads(Path(args[0]).read_text())))
+
+
+if __name__ == "__main__":
+    main()
