@@ -1,7 +1,6 @@
 """load_pair: loading from directories, tokenizer checks with clear errors, padded vocab tables."""
 
 import pytest
-import torch
 
 from conftest import SPECIALS, WORDS, make_model, make_tokenizer
 from decode import PairError, load_pair, speculative_generate
