@@ -1,0 +1,99 @@
+"""The eval metrics of DESIGN.md, aggregated from decode stats: pure functions, no timing of their own.
+
+One record describes one (draft, K, temperature) cell measured on a set of prompts, with plain
+(autoregressive) and speculative runs of the same prompts side by side.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from decode.stats import DecodeStats, SpeculativeStats
+from eval.theory import predicted_speedup
+
+
+@dataclass
+class CellRecord:
+    """Metrics of one (draft, K, temperature) cell; see DESIGN.md's metric table."""
+
+    k: int
+    temperature: float
+    acceptance_rate: float
+    token_acceptance: float
+    mean_accepted_tokens: float
+    per_position_acceptance: list[float]
+    speedup: float
+    predicted_speedup: float
+    baseline: dict  # ttft_ms, tpot_ms, tokens_per_s of plain decoding
+    speculative: dict  # the same for speculative decoding
+    greedy_match: float | None  # share of prompts with identical outputs (greedy only)
+    target_forwards: int
+    draft_forwards: int
+
+
+def _latency(stats: list[DecodeStats]) -> dict:
+    """Median TTFT and TPOT in ms, and tokens/s over all runs (total tokens / total time)."""
+    total_s = sum(s.total_s for s in stats)
+    return {
+        "ttft_ms": statistics.median(s.ttft_s for s in stats) * 1e3,
+        "tpot_ms": statistics.median(s.tpot_s for s in stats if s.new_tokens > 1) * 1e3
+        if any(s.new_tokens > 1 for s in stats) else 0.0,
+        "tokens_per_s": sum(s.new_tokens for s in stats) / total_s if total_s > 0 else 0.0,
+    }
+
+
+def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: list[SpeculativeStats],
+                c: float, c_v: float, outputs_equal: list[bool] | None = None) -> CellRecord:
+    """Aggregate the runs of one cell.
+
+    Args:
+        baseline / spec: stats of the plain and speculative runs over the same prompts.
+        c / c_v: measured cost ratios for the predicted speedup (decode/timing.py).
+        outputs_equal: per prompt, whether speculative output == plain output (greedy runs).
+    Speedup = total plain wall time / total speculative wall time over the same prompts.
+    """
+    if not baseline or not spec:
+        raise ValueError("a cell needs at least one baseline and one speculative run")
+    if any(s.k != k for s in spec):
+        raise ValueError(f"speculative runs with k={sorted({s.k for s in spec})} given for a cell with k={k}")
+    drafted = sum(s.drafted for s in spec)
+    accepted = sum(s.accepted for s in spec)
+    tested = accepted + sum(s.rejected for s in spec)
+    rounds = sum(s.rounds for s in spec)
+    per_d = [sum(s.drafted_per_position[i] for s in spec) for i in range(k)]
+    per_a = [sum(s.accepted_per_position[i] for s in spec) for i in range(k)]
+    alpha = accepted / tested if tested else 0.0
+    spec_s = sum(s.total_s for s in spec)
+    return CellRecord(
+        k=k, temperature=temperature,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        token_acceptance=alpha,
+        mean_accepted_tokens=sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
+        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_a, per_d)],
+        speedup=sum(s.total_s for s in baseline) / spec_s if spec_s > 0 else 0.0,
+        predicted_speedup=predicted_speedup(alpha, k, c, c_v),
+        baseline=_latency(baseline), speculative=_latency(spec),
+        greedy_match=(sum(outputs_equal) / len(outputs_equal)) if outputs_equal else None,
+        target_forwards=sum(s.target_forwards for s in spec), draft_forwards=sum(s.draft_forwards for s in spec),
+    )
+
+
+def best_k(records: list[CellRecord]) -> int:
+    """The K with the highest measured speedup (ties: the smaller K, which costs less draft compute)."""
+    if not records:
+        raise ValueError("best_k needs at least one record")
+    return max(records, key=lambda r: (r.speedup, -r.k)).k
+
+
+def slowdown_warning(record: CellRecord) -> str | None:
+    """A warning when the draft would likely slow serving down (acceptance < 0.5 or speedup < 1)."""
+    reasons = []
+    if record.acceptance_rate < 0.5:
+        reasons.append(f"acceptance rate {record.acceptance_rate:.2f} < 0.5")
+    if record.speedup < 1.0:
+        reasons.append(f"measured speedup {record.speedup:.2f} < 1")
+    if not reasons:
+        return None
+    return (f"K={record.k}, temperature {record.temperature}: " + " and ".join(reasons)
+            + ": this draft would likely make serving slower; consider turning speculation off or retraining it.")

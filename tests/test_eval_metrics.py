@@ -1,0 +1,72 @@
+"""Eval metric arithmetic by hand (eval/metrics.py)."""
+
+import math
+
+import pytest
+
+from decode.stats import DecodeStats, SpeculativeStats
+from eval.metrics import best_k, cell_record, slowdown_warning
+from eval.theory import predicted_speedup
+
+
+def spec_stats(rounds, k=3):
+    """SpeculativeStats from (k_round, n_accepted) pairs; 1 s per round, tokens = n+1 each."""
+    s = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k)
+    for k_r, n in rounds:
+        s.record_round(k_r, n)
+    s.new_tokens = sum(n + 1 for _, n in rounds)
+    s.total_s, s.ttft_s = float(len(rounds)), 0.5
+    s.target_forwards, s.draft_forwards = len(rounds) + 1, sum(k for k, _ in rounds) + 1
+    return s
+
+
+def plain_stats(tokens, seconds):
+    return DecodeStats(new_tokens=tokens, target_forwards=tokens, ttft_s=0.2, total_s=seconds)
+
+
+def test_cell_record_by_hand():
+    a = spec_stats([(3, 3), (3, 1)])  # 4 accepted of 6 drafted; tested 3 + 2 = 5 (one rejection)
+    b = spec_stats([(3, 0), (2, 2)])  # 2 accepted of 5 drafted; tested 1 + 2 = 3
+    base = [plain_stats(6, 4.0), plain_stats(4, 4.0)]
+    rec = cell_record(3, 0.0, base, [a, b], c=0.1, c_v=1.2, outputs_equal=[True, True])
+    assert rec.acceptance_rate == 6 / 11
+    assert rec.token_acceptance == 6 / 8  # accepted / (accepted + 2 rejections)
+    assert rec.mean_accepted_tokens == (6 + 4) / 4  # new tokens / rounds
+    assert rec.per_position_acceptance == [3 / 4, 2 / 4, 1 / 3]
+    assert rec.speedup == 8.0 / 4.0
+    assert math.isclose(rec.predicted_speedup, predicted_speedup(0.75, 3, 0.1, 1.2))
+    assert rec.greedy_match == 1.0
+    assert rec.baseline["tokens_per_s"] == 10 / 8 and rec.speculative["tokens_per_s"] == 10 / 4
+    assert rec.baseline["ttft_ms"] == pytest.approx(200.0) and rec.speculative["ttft_ms"] == pytest.approx(500.0)
+    assert rec.target_forwards == 6 and rec.draft_forwards == 6 + 5 + 2
+
+
+def test_greedy_match_counts_prompts():
+    s = spec_stats([(3, 3)])
+    rec = cell_record(3, 0.0, [plain_stats(4, 1.0)] * 4, [s] * 4, 0.1, 1.0, outputs_equal=[True, False, True, True])
+    assert rec.greedy_match == 0.75
+    assert cell_record(3, 0.7, [plain_stats(4, 1.0)], [s], 0.1, 1.0).greedy_match is None
+
+
+def test_best_k_and_ties():
+    recs = [cell_record(k, 0.0, [plain_stats(4, sec)], [spec_stats([(2, 2)], k=k)], 0.1, 1.0)
+            for k, sec in ((2, 1.5), (3, 2.0), (4, 2.0))]
+    assert [r.speedup for r in recs] == [1.5, 2.0, 2.0]
+    assert best_k(recs) == 3  # tie between 3 and 4: the smaller K
+    with pytest.raises(ValueError):
+        best_k([])
+
+
+def test_slowdown_warning():
+    good = cell_record(3, 0.0, [plain_stats(4, 2.0)], [spec_stats([(3, 3)])], 0.1, 1.0)
+    assert slowdown_warning(good) is None
+    bad = cell_record(3, 0.0, [plain_stats(4, 0.5)], [spec_stats([(3, 0), (3, 1)])], 0.1, 1.0)
+    msg = slowdown_warning(bad)
+    assert "acceptance rate 0.17 < 0.5" in msg and "speedup 0.25 < 1" in msg
+
+
+def test_empty_cell_or_other_k_is_an_error():
+    with pytest.raises(ValueError, match="at least one"):
+        cell_record(3, 0.0, [], [], 0.1, 1.0)
+    with pytest.raises(ValueError, match=r"k=\[2\] given for a cell with k=3"):
+        cell_record(3, 0.0, [plain_stats(4, 1.0)], [spec_stats([(2, 2)], k=2)], 0.1, 1.0)
