@@ -1,0 +1,91 @@
+"""report.md and PNG plots of an eval's metrics (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _plots(metrics: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records, summary = metrics["records"], metrics["summary"]
+    drafts = list(summary)
+    files = []
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / max(1, len(drafts))
+    for j, name in enumerate(drafts):
+        s = summary[name]
+        rec = next(r for r in records if r["draft"] == name and r["k"] == s["best_k"] and r["temperature"] == s["temperature"])
+        xs = [i + 1 + (j - (len(drafts) - 1) / 2) * width for i in range(len(rec["per_position_acceptance"]))]
+        ax.bar(xs, rec["per_position_acceptance"], width=width, label=f"{name} (K={s['best_k']})")
+    ax.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1), title="Per-position acceptance at best K")
+    ax.legend()
+    files.append(_save(fig, out / "per_position_acceptance.png"))
+
+    for key, ylabel, fname in (("speedup", "speedup over plain decoding", "speedup_vs_k.png"),
+                               ("acceptance_rate", "acceptance rate", "acceptance_vs_k.png")):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name in drafts:
+            temp = summary[name]["temperature"]
+            mine = sorted((r for r in records if r["draft"] == name and r["temperature"] == temp), key=lambda r: r["k"])
+            ax.plot([r["k"] for r in mine], [r[key] for r in mine], marker="o", label=f"{name} measured")
+            if key == "speedup":
+                ax.plot([r["k"] for r in mine], [r["predicted_speedup"] for r in mine], marker="x", linestyle="--",
+                        label=f"{name} predicted")
+        if key == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xlabel="K (draft tokens per round)", ylabel=ylabel, title=f"{ylabel} vs K")
+        ax.legend()
+        files.append(_save(fig, out / fname))
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(drafts, [summary[n]["speedup"] for n in drafts], color="tab:blue", label="speedup at best K")
+    ax.bar(drafts, [summary[n]["acceptance_rate"] for n in drafts], color="tab:orange", alpha=0.6,
+           label="acceptance rate at best K")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(title="Drafts compared (before vs after)")
+    ax.legend()
+    files.append(_save(fig, out / "drafts_compared.png"))
+    return files
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+def write_report(metrics: dict, out: Path) -> None:
+    """Write report.md and its plots into `out`."""
+    plots = _plots(metrics, out)
+    lines = ["# draftsmith eval report", "",
+             f"{metrics['prompts']} held-out prompts, {metrics['config']['max_new_tokens']} new tokens, "
+             f"target `{metrics['config']['target']}`.", "", "## Summary", "",
+             "| draft | best K | speedup | acceptance rate | token acceptance | tokens / target step | greedy match |",
+             "|---|---|---|---|---|---|---|"]
+    for name, s in metrics["summary"].items():
+        gm = "—" if s["greedy_match"] is None else f"{s['greedy_match']:.2f}"
+        lines.append(f"| {name} | {s['best_k']} | {s['speedup']:.2f} | {s['acceptance_rate']:.3f} | "
+                     f"{s['token_acceptance']:.3f} | {s['mean_accepted_tokens']:.2f} | {gm} |")
+    if metrics["warnings"]:
+        lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in metrics["warnings"]]
+    lines += ["", "## All cells", "",
+              "| draft | K | T | acceptance | α | τ | speedup | predicted | plain tok/s | spec tok/s | TTFT ms plain / spec | TPOT ms plain / spec | HF assisted tok/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in metrics["records"]:
+        hf = r.get("hf_assisted", {}).get("tokens_per_s")
+        lines.append(
+            f"| {r['draft']} | {r['k']} | {r['temperature']} | {r['acceptance_rate']:.3f} | {r['token_acceptance']:.3f} | "
+            f"{r['mean_accepted_tokens']:.2f} | {r['speedup']:.2f} | {r['predicted_speedup']:.2f} | "
+            f"{r['baseline']['tokens_per_s']:.1f} | {r['speculative']['tokens_per_s']:.1f} | "
+            f"{r['baseline']['ttft_ms']:.1f} / {r['speculative']['ttft_ms']:.1f} | "
+            f"{r['baseline']['tpot_ms']:.1f} / {r['speculative']['tpot_ms']:.1f} | {'—' if hf is None else f'{hf:.1f}'} |")
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,190 @@
+"""eval: measure drafts inside the real speculative loop on held-out prompts, next to plain decoding.
+
+For each (draft, K, temperature): a warm-up, then for every prompt one plain and one speculative
+run, interleaved (order alternating by prompt), same max_new_tokens; cost ratios measured in the
+same block. Greedy cells also check speculative == plain output on every prompt (greedy_match) and
+time HF assisted generation as a second engine (speed only, outputs compared).
+
+Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
+``cfg.out_dir`` atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from decode import autoregressive_generate, speculative_generate
+from decode.artifacts import atomic_dir, provenance, write_json
+from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
+from decode.timing import cost_ratios
+from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class EvalConfig:
+    """Settings of the eval stage."""
+
+    target: str
+    drafts: dict[str, str]  # name -> draft dir / hub id, e.g. {"trained": ..., "base": ...}
+    data_dir: str  # a datagen output: its held-out prompts are used
+    out_dir: str
+    k: list[int] = field(default_factory=lambda: [2, 4, 6])
+    temperature: list[float] = field(default_factory=lambda: [0.0])
+    max_new_tokens: int = 64
+    max_prompts: int = 16
+    warmup: int = 1
+    hf_ab: bool = True  # time HF assisted generation beside draftsmith's loop (greedy cells)
+    cost_repeats: int = 10
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if not self.drafts:
+            raise ValueError("eval.drafts is empty: give at least one draft (name: path)")
+        bad_k = [k for k in self.k if not isinstance(k, int) or k < 1]
+        if not self.k or bad_k:
+            raise ValueError(f"eval.k must be a non-empty list of integers >= 1, got {self.k}")
+        bad_t = [t for t in self.temperature if not t >= 0]
+        if not self.temperature or bad_t:
+            raise ValueError(f"eval.temperature must be a non-empty list of values >= 0, got {self.temperature}")
+        if self.max_new_tokens < 1 or self.max_prompts < 1:
+            raise ValueError("eval.max_new_tokens and eval.max_prompts must be >= 1")
+
+
+def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
+    """The first `n` distinct held-out prompts of a datagen output, as [1, P] tensors.
+
+    Reads the artifact (``data/`` saved with ``datasets.save_to_disk``), not train's code.
+    """
+    import datasets
+
+    if not (Path(data_dir) / "manifest.json").exists():
+        raise FileNotFoundError(f"{data_dir} is not a datagen output (no manifest.json); run datagen first")
+    seen, prompts = set(), []
+    for row in datasets.load_from_disk(str(Path(data_dir) / "data"))["heldout"]:
+        key = tuple(row["prompt_ids"])
+        if key not in seen:
+            seen.add(key)
+            prompts.append(torch.tensor([row["prompt_ids"]]))
+        if len(prompts) == n:
+            break
+    if not prompts:
+        raise ValueError(f"{data_dir}: the held-out split is empty; run datagen with heldout_fraction > 0")
+    return prompts
+
+
+def _hf_assisted(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
+    gc = draft.generation_config
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
+    start = time.perf_counter()
+    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=draft, do_sample=False,
+                          max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad_id)
+    return out, time.perf_counter() - start
+
+
+def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: float, eos, pad_id) -> dict:
+    """All runs of one (draft, K, temperature) cell -> its record as a dict (plus the HF A/B)."""
+    gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
+    common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_id=eos, generator=gen)
+    for _ in range(cfg.warmup):
+        autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
+        speculative_generate(target, draft, prompts[0], k=k, **{**common, "max_new_tokens": 8})
+    base_stats, spec_stats, equal, hf_s, hf_equal = [], [], [], 0.0, True
+    for i, prompt in enumerate(prompts):
+        runs = [("plain", lambda: autoregressive_generate(target, prompt, **common)),
+                ("spec", lambda: speculative_generate(target, draft, prompt, k=k, **common))]
+        outs = {name: fn() for name, fn in (runs if i % 2 == 0 else runs[::-1])}
+        base_stats.append(outs["plain"].stats)
+        spec_stats.append(outs["spec"].stats)
+        if temperature == 0:
+            equal.append(torch.equal(outs["plain"].sequences, outs["spec"].sequences))
+            if cfg.hf_ab:
+                seq, sec = _hf_assisted(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
+                hf_s += sec
+                hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
+    costs = cost_ratios(target, draft, prompts[0], [k], repeats=cfg.cost_repeats)
+    record = cell_record(k, temperature, base_stats, spec_stats, costs["c"][k], costs["c_v"][k],
+                         equal if temperature == 0 else None)
+    out = asdict(record)
+    out.update(c=costs["c"][k], c_v=costs["c_v"][k])
+    if temperature == 0 and cfg.hf_ab:
+        tokens = sum(s.new_tokens for s in base_stats)
+        out["hf_assisted"] = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal,
+                              "draftsmith_vs_hf": record.speculative["tokens_per_s"] / (tokens / hf_s) if hf_s else None}
+    return out
+
+
+def run(cfg: EvalConfig) -> dict:
+    """Evaluate every draft on the K x temperature grid; returns the metrics written to metrics.json.
+
+    metrics.json: {"schema_version", "config", "records": [one per draft x K x temperature, with
+    "draft", every CellRecord field, "c", "c_v", and "hf_assisted" for greedy cells],
+    "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
+    "mean_accepted_tokens", "greedy_match"} at best K of the lowest temperature}, "warnings": [...],
+    "provenance"}.
+    """
+    from eval.report import write_report
+
+    tokenizer = load_tokenizer(cfg.target, "target")
+    target = load_model(cfg.target, "target", cfg.dtype, cfg.device)
+    prompts = [p.to(cfg.device) for p in heldout_prompts(cfg.data_dir, cfg.max_prompts)]
+    eos = target.generation_config.eos_token_id
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    drafts = {}
+    for name, path in cfg.drafts.items():  # every draft checked before any timing starts
+        check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
+        drafts[name] = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
+        check_embedding_width(drafts[name], tokenizer, path)
+
+    records, warnings = [], []
+    cells = [(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
+    for name, k, temp in tqdm(cells, desc="eval", unit="cell", dynamic_ncols=True):
+        rec = {"draft": name, **measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id)}
+        records.append(rec)
+        warning = slowdown_warning(CellRecord(**{f: rec[f] for f in CellRecord.__dataclass_fields__}))
+        if warning:
+            warnings.append(f"draft {name!r}, {warning}")
+    summary = {}
+    for name in drafts:
+        temp = min(cfg.temperature)
+        mine = [CellRecord(**{f: r[f] for f in CellRecord.__dataclass_fields__})
+                for r in records if r["draft"] == name and r["temperature"] == temp]
+        kbest = best_k(mine)
+        best = next(r for r in mine if r.k == kbest)
+        summary[name] = {"best_k": kbest, "temperature": temp, "speedup": best.speedup,
+                         "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
+                         "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match}
+    metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
+               "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}
+    with atomic_dir(cfg.out_dir) as tmp:
+        write_json(tmp / "metrics.json", metrics)
+        write_report(metrics, tmp)
+    return metrics
+
+
+def load_metrics(path: str | Path) -> dict:
+    """metrics.json of an eval output, with a clear error when it is missing or malformed."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.json"
+    try:
+        metrics = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{path} does not exist; run the eval stage first") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    missing = [key for key in ("records", "summary", "schema_version") if key not in metrics]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}: not an eval metrics.json (or an older schema); re-run eval")
+    return metrics

@@ -1,0 +1,85 @@
+"""The eval stage on a tiny pair: full schema, greedy_match 1.0, report and valid PNG plots, bad input."""
+
+import json
+
+import pytest
+
+from conftest import make_model, perturbed_copy
+from eval.runner import EvalConfig, load_metrics, run
+from train.datagen import DatagenConfig
+from train.datagen import run as run_datagen
+from train.prompts import PromptSource
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("eval")
+    target = make_model("llama", seed=0)
+    for name, model in (("target", target), ("trained", perturbed_copy(target, 0.1)),
+                        ("base", make_model("llama", seed=5, layers=1))):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + j) % 60}" for j in range(5))}) + "\n"
+                               for i in range(60)))
+    run_datagen(DatagenConfig(target=str(root / "target"), prompts=PromptSource(str(prompts)),
+                              out_dir=str(root / "data"), max_new_tokens=4, heldout_fraction=0.3))
+    return root
+
+
+def test_eval_writes_full_schema_report_and_plots(setup):
+    out = setup / "out"
+    cfg = EvalConfig(target=str(setup / "target"), drafts={"trained": str(setup / "trained"), "base": str(setup / "base")},
+                     data_dir=str(setup / "data"), out_dir=str(out), k=[1, 3], temperature=[0.0, 0.8],
+                     max_new_tokens=12, max_prompts=4, cost_repeats=2)
+    metrics = run(cfg)
+    assert load_metrics(out) == json.loads(json.dumps(metrics, default=str))
+    assert len(metrics["records"]) == 2 * 2 * 2
+    for rec in metrics["records"]:
+        for key in ("acceptance_rate", "token_acceptance", "mean_accepted_tokens", "per_position_acceptance",
+                    "speedup", "predicted_speedup", "baseline", "speculative", "c", "c_v"):
+            assert key in rec, key
+        assert len(rec["per_position_acceptance"]) == rec["k"]
+        assert {"ttft_ms", "tpot_ms", "tokens_per_s"} <= rec["baseline"].keys() == rec["speculative"].keys()
+        if rec["temperature"] == 0:
+            assert rec["greedy_match"] == 1.0 and rec["hf_assisted"]["outputs_equal"]
+        else:
+            assert rec["greedy_match"] is None and "hf_assisted" not in rec
+    assert set(metrics["summary"]) == {"trained", "base"}
+    assert metrics["summary"]["trained"]["acceptance_rate"] > metrics["summary"]["base"]["acceptance_rate"]
+    assert any("base" in w for w in metrics["warnings"])  # a random draft: acceptance < 0.5
+    report = (out / "report.md").read_text()
+    assert "| trained |" in report and "⚠" in report
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name for p in pngs] == ["acceptance_vs_k.png", "drafts_compared.png", "per_position_acceptance.png",
+                                      "speedup_vs_k.png"]
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in pngs)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(k=[0, 2]), "eval.k"), (dict(temperature=[-0.5]), "eval.temperature"),
+                                           (dict(drafts={}), "eval.drafts")])
+def test_bad_grid_is_a_clear_error(kwargs, match):
+    base = dict(target="t", drafts={"d": "d"}, data_dir="x", out_dir="o")
+    with pytest.raises(ValueError, match=match):
+        EvalConfig(**(base | kwargs))
+
+
+def test_malformed_metrics_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the eval stage first"):
+        load_metrics(tmp_path)
+    (tmp_path / "metrics.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_metrics(tmp_path)
+    (tmp_path / "metrics.json").write_text('{"records": []}')
+    with pytest.raises(ValueError, match="lacks"):
+        load_metrics(tmp_path)
+
+
+def test_draft_that_does_not_load_is_a_clear_error(setup, tmp_path):
+    cfg = EvalConfig(target=str(setup / "target"), drafts={"broken": str(tmp_path / "missing")},
+                     data_dir=str(setup / "data"), out_dir=str(tmp_path / "o"))
+    with pytest.raises(Exception, match="missing"):
+        run(cfg)
+    assert not (tmp_path / "o").exists()
