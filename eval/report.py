@@ -32,10 +32,10 @@ def _plots(metrics: dict, out: Path) -> list[str]:
         for name in drafts:
             temp = summary[name]["temperature"]
             mine = sorted((r for r in records if r["draft"] == name and r["temperature"] == temp), key=lambda r: r["k"])
-            ax.plot([r["k"] for r in mine], [r[key] for r in mine], marker="o", label=f"{name} measured")
+            (line,) = ax.plot([r["k"] for r in mine], [r[key] for r in mine], marker="o", label=f"{name} measured")
             if key == "speedup":
                 ax.plot([r["k"] for r in mine], [r["predicted_speedup"] for r in mine], marker="x", linestyle="--",
-                        label=f"{name} predicted")
+                        color=line.get_color(), label=f"{name} predicted")
         if key == "speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set(xlabel="K (draft tokens per round)", ylabel=ylabel, title=f"{ylabel} vs K")
