@@ -22,7 +22,7 @@ import torch
 from decode.cache import CachedModel
 from decode.sampling import check_sampling_args, logits_to_probs, sample
 from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
-from decode.verify import verify_greedy, verify_sampling
+from decode.verify import expected_acceptance, verify_greedy, verify_sampling
 
 
 def _clock(device: torch.device) -> float:
@@ -164,7 +164,8 @@ def speculative_generate(
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)
     greedy = temperature == 0
-    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k)
+    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
+                             overlap_sum=None if greedy else 0.0)
     tgt, dft = CachedModel(target), CachedModel(draft)
 
     n_prompt = prompt.shape[1]
@@ -198,6 +199,7 @@ def speculative_generate(
             p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V]
             q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V]
             n_acc, nxt = verify_sampling(drafts, q, p, generator)
+            stats.overlap_sum += float(expected_acceptance(p[:k_r], q).sum()) if k_r else 0.0
         buf[0, n + n_acc] = nxt
         stats.record_round(k_r, n_acc)
 

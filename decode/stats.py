@@ -75,6 +75,7 @@ class SpeculativeStats(DecodeStats):
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    overlap_sum: float | None = None  # sampling only: sum over drafted positions of sum_x min(p(x), q(x))
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,6 +91,13 @@ class SpeculativeStats(DecodeStats):
         """
         tested = self.accepted + self.rejected
         return self.accepted / tested if tested else 0.0
+
+    @property
+    def expected_acceptance(self) -> float | None:
+        """Mean sum_x min(p, q) over drafted positions (= 1 - TV); sampling mode only, else None."""
+        if self.overlap_sum is None:
+            return None
+        return self.overlap_sum / self.drafted if self.drafted else 0.0
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -117,6 +125,7 @@ class SpeculativeStats(DecodeStats):
         out.update(
             acceptance_rate=self.acceptance_rate,
             token_acceptance=self.token_acceptance,
+            expected_acceptance=self.expected_acceptance,
             mean_accepted_tokens=self.mean_accepted_tokens,
             per_position_acceptance=self.per_position_acceptance,
         )

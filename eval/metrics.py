@@ -21,6 +21,7 @@ class CellRecord:
     temperature: float
     acceptance_rate: float
     token_acceptance: float
+    expected_acceptance: float | None  # mean sum min(p, q) over drafted positions (sampling cells)
     mean_accepted_tokens: float
     per_position_acceptance: list[float]
     speedup: float
@@ -69,6 +70,8 @@ def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: l
         k=k, temperature=temperature,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         token_acceptance=alpha,
+        expected_acceptance=(sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0)
+        if all(s.overlap_sum is not None for s in spec) else None,
         mean_accepted_tokens=sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
         per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_a, per_d)],
         speedup=sum(s.total_s for s in baseline) / spec_s if spec_s > 0 else 0.0,

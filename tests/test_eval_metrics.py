@@ -35,7 +35,7 @@ def test_cell_record_by_hand():
     assert rec.per_position_acceptance == [3 / 4, 2 / 4, 1 / 3]
     assert rec.speedup == 8.0 / 4.0
     assert math.isclose(rec.predicted_speedup, predicted_speedup(0.75, 3, 0.1, 1.2))
-    assert rec.greedy_match == 1.0
+    assert rec.greedy_match == 1.0 and rec.expected_acceptance is None  # greedy cell
     assert rec.baseline["tokens_per_s"] == 10 / 8 and rec.speculative["tokens_per_s"] == 10 / 4
     assert rec.baseline["ttft_ms"] == pytest.approx(200.0) and rec.speculative["ttft_ms"] == pytest.approx(500.0)
     assert rec.target_forwards == 6 and rec.draft_forwards == 6 + 5 + 2

@@ -47,6 +47,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
             assert rec["greedy_match"] == 1.0 and rec["hf_assisted"]["outputs_equal"]
         else:
             assert rec["greedy_match"] is None and "hf_assisted" not in rec
+            assert 0.0 < rec["expected_acceptance"] <= 1.0
     assert set(metrics["summary"]) == {"trained", "base"}
     assert metrics["summary"]["trained"]["acceptance_rate"] > metrics["summary"]["base"]["acceptance_rate"]
     assert any("base" in w for w in metrics["warnings"])  # a random draft: acceptance < 0.5

@@ -93,6 +93,21 @@ def test_sampling_with_identical_models_accepts_everything():
     out = speculative_generate(model, model, PROMPT, k=4, max_new_tokens=20, temperature=1.0,
                                generator=torch.Generator().manual_seed(0))
     assert out.stats.acceptance_rate == 1.0 and out.stats.new_tokens == 20
+    assert abs(out.stats.expected_acceptance - 1.0) < 1e-5  # sum min(p, p) = 1
+
+
+def test_expected_acceptance_predicts_the_acceptance_rate():
+    """Over many sampled rounds, the share of first draft tokens accepted ~ mean sum min(p, q) there."""
+    target, draft = random_table(V, 4), random_table(V, 5)
+    gen = torch.Generator().manual_seed(0)
+    accepted = overlap = 0.0
+    for _ in range(400):
+        s = speculative_generate(target, draft, PROMPT, k=1, max_new_tokens=2, temperature=1.0, generator=gen).stats
+        accepted, overlap = accepted + s.accepted, overlap + s.overlap_sum
+    assert 0.05 < overlap / 400 < 0.95
+    assert abs(accepted / 400 - overlap / 400) < 0.07
+    greedy = speculative_generate(target, draft, PROMPT, k=2, max_new_tokens=6).stats
+    assert greedy.expected_acceptance is None
 
 
 def test_same_seed_same_sample_different_seed_differs():
