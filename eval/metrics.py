@@ -44,6 +44,28 @@ def _latency(stats: list[DecodeStats]) -> dict:
     }
 
 
+def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
+    """Acceptance figures pooled over speculative runs of one K (counts summed, then divided)."""
+    if any(s.k != k for s in spec):
+        raise ValueError(f"speculative runs with k={sorted({s.k for s in spec})} given for a cell with k={k}")
+    drafted = sum(s.drafted for s in spec)
+    accepted = sum(s.accepted for s in spec)
+    tested = accepted + sum(s.rejected for s in spec)
+    rounds = sum(s.rounds for s in spec)
+    per_d = [sum(s.drafted_per_position[i] for s in spec) for i in range(k)]
+    per_a = [sum(s.accepted_per_position[i] for s in spec) for i in range(k)]
+    sampled = all(s.overlap_sum is not None for s in spec)
+    return {
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "token_acceptance": accepted / tested if tested else 0.0,
+        "expected_acceptance": (sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0) if sampled else None,
+        "mean_accepted_tokens": sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
+        "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_a, per_d)],
+        "target_forwards": sum(s.target_forwards for s in spec),
+        "draft_forwards": sum(s.draft_forwards for s in spec),
+    }
+
+
 def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: list[SpeculativeStats],
                 c: float, c_v: float, outputs_equal: list[bool] | None = None) -> CellRecord:
     """Aggregate the runs of one cell.
@@ -56,29 +78,14 @@ def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: l
     """
     if not baseline or not spec:
         raise ValueError("a cell needs at least one baseline and one speculative run")
-    if any(s.k != k for s in spec):
-        raise ValueError(f"speculative runs with k={sorted({s.k for s in spec})} given for a cell with k={k}")
-    drafted = sum(s.drafted for s in spec)
-    accepted = sum(s.accepted for s in spec)
-    tested = accepted + sum(s.rejected for s in spec)
-    rounds = sum(s.rounds for s in spec)
-    per_d = [sum(s.drafted_per_position[i] for s in spec) for i in range(k)]
-    per_a = [sum(s.accepted_per_position[i] for s in spec) for i in range(k)]
-    alpha = accepted / tested if tested else 0.0
+    acc = acceptance_summary(k, spec)
     spec_s = sum(s.total_s for s in spec)
     return CellRecord(
-        k=k, temperature=temperature,
-        acceptance_rate=accepted / drafted if drafted else 0.0,
-        token_acceptance=alpha,
-        expected_acceptance=(sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0)
-        if all(s.overlap_sum is not None for s in spec) else None,
-        mean_accepted_tokens=sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
-        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_a, per_d)],
+        k=k, temperature=temperature, **acc,
         speedup=sum(s.total_s for s in baseline) / spec_s if spec_s > 0 else 0.0,
-        predicted_speedup=predicted_speedup(alpha, k, c, c_v),
+        predicted_speedup=predicted_speedup(acc["token_acceptance"], k, c, c_v),
         baseline=_latency(baseline), speculative=_latency(spec),
         greedy_match=(sum(outputs_equal) / len(outputs_equal)) if outputs_equal else None,
-        target_forwards=sum(s.target_forwards for s in spec), draft_forwards=sum(s.draft_forwards for s in spec),
     )
 
 

@@ -81,7 +81,8 @@ def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
     return prompts
 
 
-def _hf_assisted(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
+def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
+    """Greedy HF assisted generation with a constant K and no confidence cut-off -> (sequence, seconds)."""
     gc = draft.generation_config
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
     start = time.perf_counter()
@@ -90,8 +91,9 @@ def _hf_assisted(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tu
     return out, time.perf_counter() - start
 
 
-def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: float, eos, pad_id) -> dict:
-    """All runs of one (draft, K, temperature) cell -> its record as a dict (plus the HF A/B)."""
+def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: float, eos,
+                 pad_id) -> tuple[CellRecord, dict]:
+    """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B)."""
     gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
     common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_id=eos, generator=gen)
     for _ in range(cfg.warmup):
@@ -107,7 +109,7 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
         if temperature == 0:
             equal.append(torch.equal(outs["plain"].sequences, outs["spec"].sequences))
             if cfg.hf_ab:
-                seq, sec = _hf_assisted(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
+                seq, sec = hf_assisted_generate(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
                 hf_s += sec
                 hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
     costs = cost_ratios(target, draft, prompts[0], [k], repeats=cfg.cost_repeats)
@@ -119,7 +121,7 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
         tokens = sum(s.new_tokens for s in base_stats)
         out["hf_assisted"] = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal,
                               "draftsmith_vs_hf": record.speculative["tokens_per_s"] / (tokens / hf_s) if hf_s else None}
-    return out
+    return record, out
 
 
 def run(cfg: EvalConfig) -> dict:
@@ -145,19 +147,19 @@ def run(cfg: EvalConfig) -> dict:
         drafts[name] = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
         check_embedding_width(drafts[name], tokenizer, path)
 
-    records, warnings = [], []
+    records, cell_records, warnings = [], [], []
     cells = [(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
     for name, k, temp in tqdm(cells, desc="eval", unit="cell", dynamic_ncols=True):
-        rec = {"draft": name, **measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id)}
-        records.append(rec)
-        warning = slowdown_warning(CellRecord(**{f: rec[f] for f in CellRecord.__dataclass_fields__}))
+        record, entry = measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id)
+        records.append({"draft": name, **entry})
+        cell_records.append((name, record))
+        warning = slowdown_warning(record)
         if warning:
             warnings.append(f"draft {name!r}, {warning}")
     summary = {}
     for name in drafts:
         temp = min(cfg.temperature)
-        mine = [CellRecord(**{f: r[f] for f in CellRecord.__dataclass_fields__})
-                for r in records if r["draft"] == name and r["temperature"] == temp]
+        mine = [r for n, r in cell_records if n == name and r.temperature == temp]
         kbest = best_k(mine)
         best = next(r for r in mine if r.k == kbest)
         summary[name] = {"best_k": kbest, "temperature": temp, "speedup": best.speedup,

@@ -32,6 +32,8 @@ import torch  # noqa: E402
 from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
 from decode.cache import CachedModel  # noqa: E402
 from decode.timing import cost_ratios  # noqa: E402
+from eval.metrics import acceptance_summary  # noqa: E402
+from eval.runner import hf_assisted_generate  # noqa: E402
 from eval.theory import predicted_speedup  # noqa: E402
 
 
@@ -89,11 +91,7 @@ def run_engine(engine: str, pair, prompt: torch.Tensor, k: int, max_new: int, eo
         out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_new, eos_token_id=eos)
         seq, stats = out.sequences, out.stats
     else:  # HF assisted generation, constant K, no early stop on draft confidence
-        gc = pair.draft.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
-        seq = pair.target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=pair.draft,
-                                   do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
-                                   pad_token_id=pair.tokenizer.pad_token_id)
+        seq, _ = hf_assisted_generate(pair.target, pair.draft, prompt, k, max_new, eos, pair.tokenizer.pad_token_id)
         stats = None
     if prompt.device.type == "cuda":
         torch.cuda.synchronize()
@@ -156,10 +154,6 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
                 equal[engine] &= torch.equal(seqs[engine].cpu(), seqs["autoregressive"].cpu())
         for e in engines:
             rates[e].append(tokens[e] / seconds[e])
-    drafted = sum(s.drafted for s in spec_stats)
-    accepted = sum(s.accepted for s in spec_stats)
-    per_pos_d = [sum(s.drafted_per_position[i] for s in spec_stats) for i in range(k)]
-    per_pos_a = [sum(s.accepted_per_position[i] for s in spec_stats) for i in range(k)]
     tps = {e: statistics.median(v) for e, v in rates.items()}
     return {
         "k": k,
@@ -177,12 +171,7 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
         "speedup_vs_autoregressive": tps["speculative"] / tps["autoregressive"],
         "speculative_vs_hf_assisted": tps["speculative"] / tps["hf_assisted"] if "hf_assisted" in tps else None,
         "hf_assisted_vs_autoregressive": tps["hf_assisted"] / tps["autoregressive"] if "hf_assisted" in tps else None,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "token_acceptance": accepted / (accepted + sum(s.rejected for s in spec_stats)) if drafted else 0.0,
-        "mean_accepted_tokens": sum(s.new_tokens for s in spec_stats) / sum(s.rounds for s in spec_stats),
-        "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_pos_a, per_pos_d)],
-        "target_forwards": sum(s.target_forwards for s in spec_stats),
-        "draft_forwards": sum(s.draft_forwards for s in spec_stats),
+        **acceptance_summary(k, spec_stats),
     }
 
 

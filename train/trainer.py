@@ -230,9 +230,9 @@ def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, de
         batch = collate(rows[start : start + cfg.batch_size], pad_id, cfg.max_len, with_topk).to(device)
         s_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         t_logits = None
-        if teacher is not None:
+        if teacher is not None and cfg.teacher == "online":  # a cached teacher reads the batch's top-k
             t_logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        loss, metrics = batch_loss(cfg, s_logits, batch, t_logits if cfg.teacher == "online" else None, width)
+        loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width)
         for key, value in {"loss": loss.item(), **metrics}.items():
             totals[key] = totals.get(key, 0.0) + value
         n += 1
