@@ -5,10 +5,13 @@ folders and generated tables left out), the tokenizer is a byte-level BPE traine
 models are small Llama-style causal LMs trained on it with fixed seeds. The pair is built once and
 cached under a user cache directory (``DRAFTSMITH_CACHE`` overrides it), keyed by its spec.
 
-The demo draft is made by draftsmith's own stages: the target answers prompts cut from the
-standard library (datagen), and a small draft is distilled on those answers with the target as an
-online teacher (train), so that it agrees with the target where it matters: on the target's own
-outputs.
+The pair is a target trained on the whole standard library and a *base* draft, a much smaller
+model pretrained on a different slice of it (everything outside the demo domain packages), so
+that it is plausibly misaligned with the target on the demo domain. The pipeline then distills
+the base draft on the target's answers to domain prompts (:func:`write_domain_prompts`).
+
+:func:`build_demo_draft` (used by the decode benchmark) distills a draft from scratch with
+draftsmith's own datagen and train stages.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from decode.artifacts import atomic_dir
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
+# The demo domain: prompts for datagen and eval come from these top-level packages; the base
+# draft never sees them, the target sees everything.
+DOMAIN_PACKAGES = ("asyncio", "email", "http", "json", "logging", "urllib", "xml", "concurrent", "multiprocessing",
+                   "importlib", "unittest", "xmlrpc", "wsgiref", "sqlite3")
 
 
 @dataclass
@@ -51,9 +58,11 @@ class DemoSpec:
     vocab_size: int = 4096
     seq_len: int = 128
     batch_size: int = 16
-    target: ModelSpec = field(default_factory=lambda: ModelSpec(layers=8, hidden=512, heads=8, steps=160, lr=2e-3))
+    target: ModelSpec = field(default_factory=lambda: ModelSpec(layers=8, hidden=512, heads=8, steps=80, lr=3e-3))
+    base_draft: ModelSpec = field(default_factory=lambda: ModelSpec(layers=2, hidden=128, heads=2, steps=200, lr=3e-3))
+    domain: tuple[str, ...] = DOMAIN_PACKAGES
     seed: int = 0
-    version: int = 1
+    version: int = 2
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True) + sys.version.split()[0]
@@ -98,6 +107,12 @@ def stdlib_files() -> list[Path]:
     if not files:
         raise RuntimeError(f"no standard-library source found under {root}; the demo needs the interpreter's .py files")
     return sorted(files)
+
+
+def in_domain(path: Path, domain: tuple[str, ...]) -> bool:
+    """Whether a standard-library file belongs to one of the `domain` top-level packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return path.relative_to(root).parts[0].removesuffix(".py") in domain
 
 
 def read_texts(files: list[Path]) -> list[str]:
@@ -172,38 +187,64 @@ def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, 
     return losses
 
 
-def build_demo_target(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> Path:
-    """The demo target directory (with its tokenizer), trained and cached on first use."""
+def build_demo_pair(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> tuple[Path, Path]:
+    """(target_dir, base_draft_dir) of the demo pair, trained and cached on first use.
+
+    The target is trained on the whole standard library; the base draft on the files outside
+    ``spec.domain``. Both directories hold the shared tokenizer.
+    """
     spec = spec or DemoSpec()
-    entry = (root or cache_root()) / f"demo-target-{spec.key()}"
-    if (entry / "manifest.json").exists():
-        return entry / "target"
-    with atomic_dir(entry) as tmp:
-        started = time.time()
-        torch.manual_seed(spec.seed)
-        files = stdlib_files()
-        log(f"draftsmith demo: training the demo target on {len(files)} standard-library files "
-            f"(once; cached in {entry})")
-        texts = read_texts(files)
-        tokenizer = train_tokenizer(texts, spec.vocab_size)
-        rows = pack(tokenizer, texts, spec.seq_len)
-        log(f"draftsmith demo: tokenizer of {len(tokenizer)} tokens, {rows.numel():,} training tokens")
-        target = make_model(spec.target, tokenizer, spec.seq_len, spec.seed)
-        losses = fit(target, rows, spec.target, spec.batch_size, spec.seed, "demo target")
-        target.eval()
-        target.save_pretrained(tmp / "target")
-        tokenizer.save_pretrained(tmp / "target")
-        manifest = {"spec": asdict(spec), "python": sys.version, "files": len(files), "tokens": rows.numel(),
-                    "params": target.num_parameters(), "final_loss": losses[-1], "build_s": time.time() - started}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return entry / "target"
+    entry = (root or cache_root()) / f"demo-pair-{spec.key()}"
+    if not (entry / "manifest.json").exists():
+        with atomic_dir(entry) as tmp:
+            started = time.time()
+            torch.manual_seed(spec.seed)
+            files = stdlib_files()
+            log(f"draftsmith demo: building the demo pair from {len(files)} standard-library files "
+                f"(once; cached in {entry})")
+            texts = read_texts(files)
+            tokenizer = train_tokenizer(texts, spec.vocab_size)
+            rows = pack(tokenizer, texts, spec.seq_len)
+            other = pack(tokenizer, [t for f, t in zip(files, texts) if not in_domain(f, spec.domain)], spec.seq_len)
+            log(f"draftsmith demo: tokenizer of {len(tokenizer)} tokens; target on {rows.numel():,} tokens, "
+                f"base draft on the {other.numel():,} tokens outside the demo domain")
+            target = make_model(spec.target, tokenizer, spec.seq_len, spec.seed)
+            target_losses = fit(target, rows, spec.target, spec.batch_size, spec.seed, "demo target")
+            draft = make_model(spec.base_draft, tokenizer, spec.seq_len, spec.seed + 1)
+            draft_losses = fit(draft, other, spec.base_draft, spec.batch_size, spec.seed + 1, "demo base draft")
+            for name, model in (("target", target), ("base-draft", draft)):
+                model.eval()
+                model.save_pretrained(tmp / name)
+                tokenizer.save_pretrained(tmp / name)
+            manifest = {"spec": asdict(spec), "python": sys.version, "files": len(files), "tokens": rows.numel(),
+                        "target_params": target.num_parameters(), "target_final_loss": target_losses[-1],
+                        "draft_params": draft.num_parameters(), "draft_final_loss": draft_losses[-1],
+                        "build_s": time.time() - started}
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return entry / "target", entry / "base-draft"
+
+
+def build_demo_target(spec: DemoSpec | None = None, root: Path | None = None, log=print) -> Path:
+    """The demo target directory (with its tokenizer), built with the pair on first use."""
+    return build_demo_pair(spec, root, log)[0]
+
+
+def write_domain_prompts(path: Path, tokenizer, n: int = 320, prompt_tokens: int = 48, seed: int = 1000,
+                         domain: tuple[str, ...] = DOMAIN_PACKAGES) -> Path:
+    """Write `n` demo-domain prompts as JSONL ({"prompt": text}) to `path` (atomically); returns it."""
+    prompts = demo_prompts(tokenizer, n, prompt_tokens, seed=seed, domain=domain)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n" for p in prompts))
+    os.replace(tmp, path)
+    return path
 
 
 def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path | None = None, log=print) -> Path:
     """A draft distilled from the demo target with draftsmith's own datagen and train stages, cached."""
+    from transformers import AutoTokenizer
+
     from train import datagen, trainer
     from train.prompts import PromptSource
-    from transformers import AutoTokenizer
 
     spec = spec or DraftSpec()
     entry = (root or cache_root()) / f"demo-draft-{spec.key(Path(target_dir).parent.name)}"
@@ -236,15 +277,13 @@ def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path
     return entry / "draft"
 
 
-def build_demo_pair(root: Path | None = None, log=print) -> tuple[Path, Path]:
-    """(target_dir, draft_dir) of the demo pair, built and cached on first use."""
-    target_dir = build_demo_target(root=root, log=log)
-    return target_dir, build_demo_draft(target_dir, root=root, log=log)
-
-
-def demo_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[torch.Tensor]:
-    """`n` prompts [1, prompt_tokens] cut from random places of the standard library, seeded."""
+def demo_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0,
+                 domain: tuple[str, ...] | None = None) -> list[torch.Tensor]:
+    """`n` prompts [1, prompt_tokens] cut from random places of the standard library (or of the
+    `domain` packages only), seeded."""
     files = stdlib_files()
+    if domain is not None:
+        files = [f for f in files if in_domain(f, domain)]
     gen = torch.Generator().manual_seed(seed)
     prompts: list[torch.Tensor] = []
     while len(prompts) < n:

@@ -42,6 +42,8 @@ class EvalConfig:
     warmup: int = 1
     hf_ab: bool = True  # time HF assisted generation beside draftsmith's loop (greedy cells)
     cost_repeats: int = 10
+    top_k: int = 0  # sampling cells: the same top-k / top-p filters on target and draft
+    top_p: float = 1.0
     seed: int = 0
     dtype: str = "float32"
     device: str = "cpu"
@@ -81,6 +83,16 @@ def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
     return prompts
 
 
+def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
+    """A hash of what makes two evals comparable: target, prompts, lengths, grid and sampling knobs."""
+    import hashlib
+    import json
+
+    blob = json.dumps({"target": cfg.target, "prompts": [p[0].tolist() for p in prompts], "max_new": cfg.max_new_tokens,
+                       "k": list(cfg.k), "temperature": list(cfg.temperature), "top_k": cfg.top_k, "top_p": cfg.top_p})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
     """Greedy HF assisted generation with a constant K and no confidence cut-off -> (sequence, seconds)."""
     gc = draft.generation_config
@@ -95,7 +107,8 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
                  pad_id) -> tuple[CellRecord, dict]:
     """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B)."""
     gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
-    common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_id=eos, generator=gen)
+    common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                  eos_token_id=eos, generator=gen)
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
         speculative_generate(target, draft, prompts[0], k=k, **{**common, "max_new_tokens": 8})
@@ -127,7 +140,8 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
 def run(cfg: EvalConfig) -> dict:
     """Evaluate every draft on the K x temperature grid; returns the metrics written to metrics.json.
 
-    metrics.json: {"schema_version", "config", "records": [one per draft x K x temperature, with
+    metrics.json: {"schema_version", "config", "prompts" (count), "eval_set" (hash of target, prompts
+    and grid: equal hashes mean comparable numbers), "records": [one per draft x K x temperature, with
     "draft", every CellRecord field, "c", "c_v", and "hf_assisted" for greedy cells],
     "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
     "mean_accepted_tokens", "greedy_match"} at best K of the lowest temperature}, "warnings": [...],
@@ -166,6 +180,7 @@ def run(cfg: EvalConfig) -> dict:
                          "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
                          "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match}
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
+               "eval_set": eval_set_id(cfg, prompts),
                "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}
     with atomic_dir(cfg.out_dir) as tmp:
         write_json(tmp / "metrics.json", metrics)

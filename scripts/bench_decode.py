@@ -179,9 +179,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.target is None:
-        from draftsmith.demo import build_demo_pair
+        from draftsmith.demo import build_demo_draft, build_demo_target
 
-        target_path, draft_path = build_demo_pair(log=lambda m: print(m, file=sys.stderr))
+        target_path = build_demo_target(log=lambda m: print(m, file=sys.stderr))
+        draft_path = build_demo_draft(target_path, log=lambda m: print(m, file=sys.stderr))
     else:
         target_path, draft_path = args.target, args.draft
     pair = load_pair(target_path, draft_path, dtype=args.dtype, device=args.device)

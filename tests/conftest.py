@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Never build into (or read from) the user's demo cache from a test.
+os.environ["DRAFTSMITH_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="draftsmith-test-cache-"), "cache")
 
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import (  # noqa: E402

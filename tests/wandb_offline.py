@@ -51,3 +51,17 @@ def history(run_dir: str | Path) -> list[dict]:
             rows.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+def run_info(run_dir: str | Path) -> dict:
+    """The job_type, group and config keys of an offline run (from its first ``run`` record)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(Path(run_dir).glob("run-*.wandb")).read_bytes()
+    for payload in _payloads(data):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "run":
+            return {"job_type": record.run.job_type, "group": record.run.run_group,
+                    "config_keys": sorted(item.key for item in record.run.config.update)}
+    raise ValueError(f"{run_dir} has no run record")

@@ -1,0 +1,291 @@
+"""The pipeline: datagen -> train -> eval -> promote, each stage skipped when its output matches.
+
+Every stage writes under ``out_dir`` (``datagen/``, ``train/`` with ``train/draft/``, ``eval/``
+with ``metrics.json`` and ``report.md``, ``promote/promotion.json``) and a ``stage.json`` beside
+its output holding the stage's config hash. The hash covers the stage's own config section and
+the hashes of the stages it reads, so changing ``method.loss`` re-runs train, eval and promote but
+not datagen. A stage whose ``stage.json`` is missing (a crash) runs again; train resumes from its
+last checkpoint when the hash matches and starts afresh (removing the stale output) when it does
+not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from decode.artifacts import atomic_dir, write_json
+from draftsmith.config import DEMO, DraftsmithConfig
+from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_eval
+
+
+def config_hash(*parts) -> str:
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Pipeline:
+    """Runs the configured stages in order; `run()` returns the summary it prints."""
+
+    def __init__(self, cfg: DraftsmithConfig, out_dir: Path, log=print, config_dict: dict | None = None):
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.log = log
+        self.tracker = Tracker(cfg.tracking, config_dict or asdict(cfg), self.out, group=cfg.name)
+        self._pair: tuple[str, str] | None = None
+        self.hashes: dict[str, str] = {}
+        self.ran: dict[str, str] = {}  # stage -> "ran" | "skipped"
+
+    # -- inputs -----------------------------------------------------------------------------
+    def pair(self) -> tuple[str, str]:
+        """(target, base draft) ids or paths; the demo pair is built (or found in the cache) here."""
+        if self._pair is None:
+            target, draft = self.cfg.pair.target, self.cfg.pair.draft
+            if DEMO in (target, draft):
+                from draftsmith.demo import build_demo_pair
+
+                demo_target, demo_draft = build_demo_pair(log=self.log)
+                target = str(demo_target) if target == DEMO else target
+                draft = str(demo_draft) if draft == DEMO else draft
+            self._pair = (target, draft)
+        return self._pair
+
+    def registry(self):
+        from draftsmith.registry import LocalRegistry
+
+        return LocalRegistry(self.cfg.registry.root, self.cfg.registry.lock_timeout_s)
+
+    def production(self) -> dict | None:
+        """The registry's current production version record (None when there is none)."""
+        reg = self.registry()
+        if self.cfg.promote.alias not in reg.aliases(self.cfg.promote.name):
+            return None
+        return reg.resolve(self.cfg.promote.name, self.cfg.promote.alias)
+
+    # -- stage bookkeeping ------------------------------------------------------------------
+    def _done(self, stage: str, out: Path, digest: str) -> bool:
+        marker = out / "stage.json"
+        if self.cfg.force or not marker.exists():
+            return False
+        try:
+            return json.loads(marker.read_text()).get("hash") == digest
+        except json.JSONDecodeError:
+            return False
+
+    def _mark(self, stage: str, out: Path, digest: str, section: dict, started: float) -> None:
+        write_json(out / "stage.json", {"stage": stage, "hash": digest, "config": section,
+                                        "finished_at": time.time(), "seconds": time.time() - started})
+
+    def _stage(self, stage: str, out: Path, digest: str, section: dict, body, own_run: bool = True) -> None:
+        self.hashes[stage] = digest
+        if self._done(stage, out, digest):
+            self.log(f"draftsmith: {stage}: up to date in {out} (config hash {digest}); skipped")
+            self.ran[stage] = "skipped"
+            return
+        self.log(f"draftsmith: {stage}: running -> {out}")
+        started = time.time()
+        with (self.tracker.stage(stage) if own_run else contextlib.nullcontext(StageRun())) as run:
+            body(run)
+            self._mark(stage, out, digest, section, started)
+            run.summary({f"{stage}/seconds": time.time() - started})
+        self.ran[stage] = "ran"
+
+    def _upstream(self, stage: str, out: Path) -> str:
+        """The hash of an upstream stage that is not in `stages` this time, read from its output."""
+        if stage in self.hashes:
+            return self.hashes[stage]
+        marker = out / "stage.json"
+        if not marker.exists():
+            raise FileNotFoundError(f"{out} has no finished {stage} output (no stage.json); add {stage} to stages or "
+                                    f"point out_dir at a run that has it")
+        return json.loads(marker.read_text())["hash"]
+
+    # -- stages -----------------------------------------------------------------------------
+    def datagen(self) -> None:
+        from train import datagen
+        from train.prompts import PromptSource
+
+        cfg, out = self.cfg, self.out / "datagen"
+        target, _ = self.pair()
+        section = {"target": target, "data": asdict(cfg.data), "dtype": cfg.pair.dtype}
+
+        def body(run):
+            prompts = cfg.data.prompts
+            if prompts == DEMO:
+                from transformers import AutoTokenizer
+
+                from draftsmith.demo import write_domain_prompts
+
+                self.out.mkdir(parents=True, exist_ok=True)
+                prompts = str(write_domain_prompts(self.out / "demo_prompts.jsonl",
+                                                   AutoTokenizer.from_pretrained(target), n=cfg.data.demo_prompts))
+            d = cfg.data
+            manifest = datagen.run(datagen.DatagenConfig(
+                target=target, out_dir=str(out), max_prompt_tokens=d.max_prompt_tokens,
+                prompts=PromptSource(prompts, field=d.field, messages_field=d.messages_field, split=d.split),
+                heldout_fraction=d.heldout_fraction, max_prompts=d.max_prompts, max_new_tokens=d.max_new_tokens,
+                temperature=d.temperature, top_p=d.top_p, n_completions=d.n_completions, batch_size=d.batch_size,
+                top_k_logprobs=d.top_k_logprobs, seed=d.seed, dtype=cfg.pair.dtype, device=cfg.pair.device))
+            run.log({"datagen/tokens_per_s": manifest["timing"]["tokens_per_s"],
+                     "datagen/completion_tokens": manifest["counts"]["completion_tokens"],
+                     "datagen/train_prompts": manifest["counts"]["completions"]["train"],
+                     "datagen/heldout_prompts": manifest["counts"]["completions"]["heldout"]})
+
+        self._stage("datagen", out, config_hash("datagen", section), section, body)
+
+    def train(self) -> None:
+        from train import trainer
+
+        cfg, out = self.cfg, self.out / "train"
+        target, draft = self.pair()
+        section = {"draft": draft, "method": asdict(cfg.method)}
+        digest = config_hash("train", section, self._upstream("datagen", self.out / "datagen"))
+        m = cfg.method
+
+        def body(run):
+            marker = out / "stage.json"
+            if out.exists() and (marker.exists() or not self._resumable(out, digest)):
+                self.log(f"draftsmith: train: {out} holds the output of another config; starting afresh")
+                shutil.rmtree(out)
+            out.mkdir(parents=True, exist_ok=True)
+            write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
+            train_cfg = trainer.TrainConfig(
+                data_dir=str(self.out / "datagen"), draft=draft, target=target, out_dir=str(out), method=m.method,
+                loss=m.loss, beta=m.beta, teacher=m.teacher, on_policy_fraction=m.on_policy_fraction,
+                on_policy_max_new_tokens=m.on_policy_max_new_tokens, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
+                lora_dropout=m.lora_dropout, lora_target_modules=m.lora_target_modules, steps=m.steps,
+                batch_size=m.batch_size, grad_accum=m.grad_accum, lr=m.lr, warmup_steps=m.warmup_steps,
+                weight_decay=m.weight_decay, max_grad_norm=m.max_grad_norm, max_len=m.max_len,
+                mixed_precision=m.mixed_precision, eval_every=m.eval_every, eval_rows=m.eval_rows,
+                save_every=m.save_every, keep_checkpoints=m.keep_checkpoints, seed=m.seed, device=m.device,
+                **self.tracker.train_kwargs())
+            try:
+                trainer.run(train_cfg)
+            except Exception as exc:
+                if not (train_cfg.log_with and is_tracking_error(exc)):
+                    raise
+                self.log(f"draftsmith: train: W&B failed ({type(exc).__name__}: {exc}); continuing without tracking "
+                         "from the last checkpoint; local outputs are unaffected")
+                trainer.run(dataclasses.replace(train_cfg, log_with=None))
+            (out / "pending.json").unlink(missing_ok=True)
+
+        # accelerate opens and finishes the train stage's W&B run itself
+        self._stage("train", out, digest, section, body, own_run=False)
+
+    @staticmethod
+    def _resumable(out: Path, digest: str) -> bool:
+        pending = out / "pending.json"
+        return pending.exists() and json.loads(pending.read_text()).get("hash") == digest
+
+    def eval_drafts(self) -> dict[str, str]:
+        _, base = self.pair()
+        drafts = {}
+        trained = self.out / "train" / "draft"
+        if (trained / "config.json").exists():
+            drafts["trained"] = str(trained)
+        if self.cfg.eval.compare_base or not drafts:
+            drafts["base"] = base
+        prod = self.production() if self.cfg.eval.compare_production else None
+        if prod is not None:
+            from draftsmith.registry import fingerprint
+
+            if "trained" not in drafts or fingerprint(trained) != prod["fingerprint"]:
+                drafts["production"] = str(Path(prod["path"]) / "draft")
+        return drafts
+
+    def eval(self) -> None:
+        from eval import runner
+
+        cfg, out = self.cfg, self.out / "eval"
+        target, _ = self.pair()
+        drafts = self.eval_drafts()
+        prod = self.production() if "production" in drafts else None  # a new champion means a new comparison
+        section = {"target": target, "drafts": drafts, "eval": asdict(cfg.eval), "decode": asdict(cfg.decode),
+                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
+        upstream = [self._upstream("datagen", self.out / "datagen")]
+        if "trained" in drafts:
+            upstream.append(self._upstream("train", self.out / "train"))
+        e = cfg.eval
+
+        def body(run):
+            metrics = runner.run(runner.EvalConfig(
+                target=target, drafts=drafts, data_dir=str(self.out / "datagen"), out_dir=str(out), k=list(e.k),
+                temperature=list(e.temperature), max_new_tokens=e.max_new_tokens, max_prompts=e.max_prompts,
+                warmup=e.warmup, hf_ab=e.hf_ab, cost_repeats=e.cost_repeats, top_k=cfg.decode.top_k,
+                top_p=cfg.decode.top_p, seed=cfg.decode.seed, dtype=cfg.pair.dtype, device=cfg.pair.device))
+            log_eval(run, metrics)
+
+        self._stage("eval", out, config_hash("eval", section, upstream), section, body)
+
+    def promote(self) -> None:
+        from draftsmith.promote import promote
+
+        cfg, out = self.cfg, self.out / "promote"
+        section = {"promote": asdict(cfg.promote), "registry": asdict(cfg.registry)}
+        digest = config_hash("promote", section, self._upstream("eval", self.out / "eval"))
+
+        def body(run):
+            record = promote(cfg, self.out, self.registry(), run)
+            with atomic_dir(out) as tmp:
+                write_json(tmp / "promotion.json", record)
+            self.log(f"draftsmith: promote: {'PROMOTED' if record['promote'] else 'not promoted'} - "
+                     + "; ".join(record["reasons"]))
+
+        self._stage("promote", out, digest, section, body)
+
+    # -- the whole run ----------------------------------------------------------------------
+    def run(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for stage in ("datagen", "train", "eval", "promote"):
+            if stage in self.cfg.stages:
+                getattr(self, stage)()
+        summary = self.summary()
+        write_json(self.out / "summary.json", summary)
+        return summary
+
+    def summary(self) -> dict:
+        """What the terminal table shows: per draft alpha, tau, best K, speedup; the decision; paths."""
+        result: dict = {"out_dir": str(self.out), "stages": dict(self.ran), "drafts": {}, "promotion": None}
+        metrics_path = self.out / "eval" / "metrics.json"
+        if metrics_path.exists():
+            metrics = json.loads(metrics_path.read_text())
+            result["drafts"] = metrics["summary"]
+            result["report"] = str(self.out / "eval" / "report.md")
+            result["warnings"] = metrics.get("warnings", [])
+        promotion_path = self.out / "promote" / "promotion.json"
+        if promotion_path.exists():
+            promotion = json.loads(promotion_path.read_text())
+            result["promotion"] = {"promote": promotion["promote"], "reasons": promotion["reasons"],
+                                   "registry": promotion.get("registry")}
+        return result
+
+
+def format_summary(summary: dict) -> str:
+    """The end-of-run table: base vs trained draft, alpha, tau, best K, speedup, decision, paths."""
+    lines = [f"draftsmith: {summary['out_dir']}  (stages: "
+             + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ")"]
+    if summary["drafts"]:
+        lines.append(f"  {'draft':<12} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup':>8} {'greedy==':>8}")
+        for name, s in summary["drafts"].items():
+            match = "-" if s.get("greedy_match") is None else f"{s['greedy_match']:.2f}"
+            lines.append(f"  {name:<12} {s['acceptance_rate']:>6.3f} {s['mean_accepted_tokens']:>6.2f} "
+                         f"{s['best_k']:>6} {s['speedup']:>7.2f}x {match:>8}")
+        lines.append("  alpha: acceptance rate (accepted / drafted); tau: tokens per target forward; "
+                     "speedup: measured vs plain decoding at best K")
+        for warning in summary.get("warnings", []):
+            lines.append(f"  WARNING: {warning}")
+        lines.append(f"  report: {summary['report']}")
+    if summary["promotion"]:
+        p = summary["promotion"]
+        lines.append(f"  promotion: {'PROMOTED' if p['promote'] else 'not promoted'} - " + "; ".join(p["reasons"]))
+        if p.get("registry"):
+            r = p["registry"]
+            lines.append(f"  registry: {r['path']} (v{r['version']}, aliases {r['aliases']}); vLLM: "
+                         f"--speculative-config \"$(cat {r['speculative_config']})\"")
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""The `draftsmith` Hydra app end to end on a tiny pair: outputs, skipping by config hash, the
+registry, the summary table, config errors, sweeps and the sweep report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import make_model, perturbed_copy
+
+from draftsmith import cli
+from draftsmith.registry import LocalRegistry
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("pair")
+    target = make_model("llama", seed=0)
+    for name, model in (("target", target), ("base", perturbed_copy(target, 0.3))):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + j) % 60}" for j in range(5))}) + "\n"
+                               for i in range(40)))
+    return root
+
+
+def tiny_args(pair, tmp_path, *extra):
+    return [f"pair.target={pair / 'target'}", f"pair.draft={pair / 'base'}", f"data.prompts={pair / 'prompts.jsonl'}",
+            f"out_dir={tmp_path / 'run'}", f"registry.root={tmp_path / 'registry'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+            "data.max_new_tokens=6", "data.heldout_fraction=0.25", "data.top_k_logprobs=8", "method.steps=3",
+            "method.batch_size=4", "method.eval_every=0", "method.save_every=0", "method.device=cpu", "eval.k=[1,2]",
+            "eval.max_new_tokens=8", "eval.max_prompts=3", "eval.cost_repeats=1", "promote.name=tiny",
+            "promote.min_speedup=0.01", "promote.min_acceptance_rate=0.0", "promote.champion_margin=-100", *extra]
+
+
+def run_cli(monkeypatch, args):
+    """Run the Hydra app in this process, as the console script would."""
+    monkeypatch.setattr(sys, "argv", ["draftsmith", *args])
+    cli.main()
+
+
+def test_pipeline_end_to_end_skips_by_hash_and_registers(pair, tmp_path, monkeypatch, capsys):
+    run_cli(monkeypatch, tiny_args(pair, tmp_path))
+    out = tmp_path / "run"
+    printed = capsys.readouterr().out
+    for path in ("datagen/manifest.json", "train/draft/config.json", "eval/metrics.json", "eval/report.md",
+                 "promote/promotion.json", "summary.json"):
+        assert (out / path).exists(), path
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stages"] == {s: "ran" for s in ("datagen", "train", "eval", "promote")}
+    assert set(summary["drafts"]) == {"trained", "base"}
+    assert all(d["greedy_match"] == 1.0 for d in summary["drafts"].values())
+    assert "trained" in printed and "base" in printed and "PROMOTED" in printed and "speculative-config" in printed
+    promotion = json.loads((out / "promote/promotion.json").read_text())
+    assert promotion["promote"] and promotion["registry"]["version"] == 1
+    reg = LocalRegistry(tmp_path / "registry")
+    assert reg.aliases("tiny") == {"production": 1}
+    spec = json.loads((reg.path("tiny", 1) / "speculative_config.json").read_text())
+    assert spec == {"model": str((reg.path("tiny", 1) / "draft").resolve()), "method": "draft_model",
+                    "num_speculative_tokens": promotion["candidate"]["best_k"]}
+
+    # Same config again: every stage is skipped, nothing is rewritten, no second version.
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/stage.json")}
+    run_cli(monkeypatch, tiny_args(pair, tmp_path))
+    assert json.loads((out / "summary.json").read_text())["stages"] == {s: "skipped" for s in summary["stages"]}
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/stage.json")} == stamps
+    assert [v["version"] for v in reg.versions("tiny")] == [1]
+
+    # A new loss: datagen is reused, train/eval/promote re-run; the production draft joins the eval
+    # as the champion, and the new draft becomes v2.
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "method.loss=tvd"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stages"] == {"datagen": "skipped", "train": "ran", "eval": "ran", "promote": "ran"}
+    assert set(summary["drafts"]) == {"trained", "base", "production"}
+    promotion = json.loads((out / "promote/promotion.json").read_text())
+    assert promotion["champion_version"] == 1 and promotion["champion"] is not None
+    assert promotion["registry"]["version"] == 2 and reg.aliases("tiny") == {"production": 2}
+
+
+def test_failing_gates_are_recorded_and_nothing_is_registered(pair, tmp_path, monkeypatch):
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "promote.min_speedup=1000"))
+    promotion = json.loads((tmp_path / "run/promote/promotion.json").read_text())
+    assert promotion["promote"] is False and promotion["registry"] is None
+    assert any("min_speedup 1000" in r for r in promotion["reasons"])
+    assert LocalRegistry(tmp_path / "registry").versions("tiny") == []
+
+
+def test_stage_subset_reads_upstream_outputs_and_errors_name_the_fix(pair, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval]"))
+    assert exc.value.code == 2
+    assert "no finished datagen output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.k=[0,2]", "eval.k must be a non-empty list of integers >= 1"),
+    ("eval.temperature=[-1.0]", "eval.temperature must be a non-empty list of values >= 0"),
+    ("stages=[datagen,deploy]", "stages='deploy' is not one of"),
+    ("method.loss=kl", "method.loss='kl' is not one of"),
+    ("pair.target=/nonexistent/model", "/nonexistent/model"),
+])
+def test_bad_config_fails_with_one_clear_line(pair, tmp_path, monkeypatch, capsys, override, message):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(monkeypatch, tiny_args(pair, tmp_path, override))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftsmith: error:") and message in err and "Traceback" not in err
+
+
+def test_missing_required_input_is_named(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, ["pair=custom", "data=jsonl", f"hydra.run.dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert "pair.target, pair.draft, data.prompts are required but not set" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval.kk=3"], "Key 'kk' not in 'EvalSection'"),
+    (["eval.k=[a]"], "could not be converted to Integer"),
+])
+def test_unknown_keys_and_wrong_types_fail_at_start_up(args, message):
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", *args, "--cfg", "job"], capture_output=True, text=True)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_experiment_preset_composes(monkeypatch):
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", "experiment=qwen2.5-7b", "data.prompts=my.jsonl",
+                           "--cfg", "job"], capture_output=True, text=True, check=True)
+    assert "target: Qwen/Qwen2.5-7B-Instruct" in proc.stdout and "method: lora" in proc.stdout
+
+
+def test_multirun_sweep_and_report(pair, tmp_path, monkeypatch, capsys):
+    from draftsmith import sweep
+
+    sweep_dir = tmp_path / "sweep"
+    args = [a for a in tiny_args(pair, tmp_path) if not a.startswith(("out_dir=", "hydra.run.dir="))]
+    run_cli(monkeypatch, ["-m", *args, f"hydra.sweep.dir={sweep_dir}", "method.loss=fkl,tvd"])
+    jobs = sorted(p.parent.parent.name for p in sweep_dir.glob("*/eval/metrics.json"))
+    assert jobs == ["0", "1"]
+    capsys.readouterr()
+    assert sweep.main([str(sweep_dir)]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((sweep_dir / "sweep_report.json").read_text())["rows"]
+    assert {r["overrides"].split()[-1] for r in rows} == {"method.loss=fkl", "method.loss=tvd"}
+    assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
+    assert "method.loss=tvd" in printed and (sweep_dir / "sweep_speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_report_on_empty_dir_is_a_clear_error(tmp_path, capsys):
+    from draftsmith import sweep
+
+    assert sweep.main([str(tmp_path)]) == 2
+    assert "no */eval/metrics.json under" in capsys.readouterr().err
+
+
+def test_wandb_tracking_offline_one_run_per_stage_and_metrics_read_back(pair, tmp_path, monkeypatch):
+    from wandb_offline import history, run_info
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "tracking=wandb", "tracking.mode=offline", "registry=wandb",
+                                   f"tracking.dir={tmp_path / 'wb'}", "name=wbtest"))
+    runs = {run_info(d)["job_type"]: d for d in (tmp_path / "wb" / "wandb").glob("offline-run-*")}
+    assert set(runs) == {"datagen", "train", "eval", "promote"}
+    assert {run_info(d)["group"] for d in runs.values()} == {"wbtest"}
+    assert "pair" in run_info(runs["eval"])["config_keys"]  # the resolved pipeline config is logged
+    metrics = json.loads((tmp_path / "run/eval/metrics.json").read_text())
+    logged = {k: v for row in history(runs["eval"]) for k, v in row.items()}
+    for draft, summary in metrics["summary"].items():
+        assert logged[f"eval/{draft}/speedup"] == pytest.approx(summary["speedup"])
+        assert logged[f"eval/{draft}/acceptance_rate"] == pytest.approx(summary["acceptance_rate"])
+    assert logged["eval/k_table/_type"] == "table-file" and logged["eval/k_table/nrows"] == len(metrics["records"])
+    assert logged["eval/trained/per_position_acceptance_table/_type"] == "table-file"  # the bar chart's data
+    assert any("train/loss" in row for row in history(runs["train"]))
+    promotion = json.loads((tmp_path / "run/promote/promotion.json").read_text())
+    assert promotion["registry"]["wandb"]["status"] == "pending"  # offline: the link waits for an online run
+    assert (tmp_path / "registry" / "wandb_pending_links.json").exists()
+
+
+def test_wandb_failure_never_loses_local_outputs(pair, tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def broken_init(*args, **kwargs):
+        raise RuntimeError("W&B is down")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "tracking=wandb", "tracking.mode=offline",
+                                   "stages=[datagen,eval]", "eval.compare_base=true"))
+    assert (tmp_path / "run/eval/metrics.json").exists()
+    assert "W&B init of the eval run failed (RuntimeError: W&B is down); local outputs are unaffected" in \
+        capsys.readouterr().err
