@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import platform
 import shutil
 import time
 from dataclasses import asdict
@@ -251,7 +253,8 @@ class Pipeline:
 
     def summary(self) -> dict:
         """What the terminal table shows: per draft alpha, tau, best K, speedup; the decision; paths."""
-        result: dict = {"out_dir": str(self.out), "stages": dict(self.ran), "drafts": {}, "promotion": None}
+        result: dict = {"out_dir": str(self.out), "stages": dict(self.ran), "drafts": {}, "promotion": None,
+                        "process": {"pid": os.getpid(), "host": platform.node()}}
         metrics_path = self.out / "eval" / "metrics.json"
         if metrics_path.exists():
             metrics = json.loads(metrics_path.read_text())

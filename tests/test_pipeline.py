@@ -189,3 +189,21 @@ def test_wandb_failure_never_loses_local_outputs(pair, tmp_path, monkeypatch, ca
     assert (tmp_path / "run/eval/metrics.json").exists()
     assert "W&B init of the eval run failed (RuntimeError: W&B is down); local outputs are unaffected" in \
         capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_submitit_local_multirun_runs_jobs_in_separate_processes(pair, tmp_path):
+    """hydra/launcher=submitit_local (extra `submitit`): jobs are pickled and run as their own processes."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs pip install -e '.[submitit]'")
+    sweep_dir = tmp_path / "sweep"
+    args = [a for a in tiny_args(pair, tmp_path) if not a.startswith(("out_dir=", "hydra.run.dir="))]
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", "-m", *args, "hydra/launcher=submitit_local",
+                           f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.timeout_min=10", "method.loss=fkl,tvd"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))]
+    assert len(summaries) == 2
+    pids = {s["process"]["pid"] for s in summaries}
+    assert len(pids) == 2  # two job processes (the basic launcher would run both in one)
+    assert list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))  # pickled by submitit
+    assert all(s["stages"]["eval"] == "ran" for s in summaries)
