@@ -130,6 +130,11 @@ class TrackingConfig:
 
 
 @dataclass
+class DemoConfig:
+    preset: str = "default"  # default | tiny (a seconds-long demo pair for tests)
+
+
+@dataclass
 class DraftsmithConfig:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     out_dir: Optional[str] = None  # None: Hydra's run dir (runs/<name>), or the job's dir in a sweep
@@ -143,6 +148,7 @@ class DraftsmithConfig:
     promote: PromoteConfig = field(default_factory=PromoteConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
 
 
 def register_schema() -> None:
@@ -199,6 +205,7 @@ def validate(cfg: DraftsmithConfig) -> None:
     p = cfg.promote
     Gates(min_acceptance_rate=p.min_acceptance_rate, min_speedup=p.min_speedup,
           require_greedy_match=p.require_greedy_match, champion_margin=p.champion_margin)  # raises naming the key
+    _choice("demo.preset", cfg.demo.preset, ("default", "tiny"))
     _choice("registry.kind", cfg.registry.kind, ("local", "wandb"))
     _choice("tracking.kind", cfg.tracking.kind, ("none", "wandb"))
     if cfg.tracking.mode is not None:

@@ -87,6 +87,14 @@ class DraftSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+PRESETS = {
+    "default": DemoSpec(),
+    # seconds to build; for tests of the demo path (bootstrap, domain prompts), not for measurements
+    "tiny": DemoSpec(vocab_size=300, seq_len=32, batch_size=4, target=ModelSpec(layers=1, hidden=32, heads=2, steps=3),
+                     base_draft=ModelSpec(layers=1, hidden=16, heads=2, steps=2)),
+}
+
+
 def cache_root() -> Path:
     """Where built demo pairs live: $DRAFTSMITH_CACHE, else the platform's user cache dir."""
     env = os.environ.get("DRAFTSMITH_CACHE")

@@ -50,9 +50,9 @@ class Pipeline:
         if self._pair is None:
             target, draft = self.cfg.pair.target, self.cfg.pair.draft
             if DEMO in (target, draft):
-                from draftsmith.demo import build_demo_pair
+                from draftsmith.demo import PRESETS, build_demo_pair
 
-                demo_target, demo_draft = build_demo_pair(log=self.log)
+                demo_target, demo_draft = build_demo_pair(PRESETS[self.cfg.demo.preset], log=self.log)
                 target = str(demo_target) if target == DEMO else target
                 draft = str(demo_draft) if draft == DEMO else draft
             self._pair = (target, draft)

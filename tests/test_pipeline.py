@@ -207,3 +207,19 @@ def test_submitit_local_multirun_runs_jobs_in_separate_processes(pair, tmp_path)
     assert len(pids) == 2  # two job processes (the basic launcher would run both in one)
     assert list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))  # pickled by submitit
     assert all(s["stages"]["eval"] == "ran" for s in summaries)
+
+
+@pytest.mark.slow
+def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
+    """`draftsmith` with no pair given: bootstrap the (tiny) demo pair from the standard library, demo
+    domain prompts, distill, eval base vs trained, promote. The default preset is the same code."""
+    run_cli(monkeypatch, ["demo.preset=tiny", f"out_dir={tmp_path / 'run'}", f"registry.root={tmp_path / 'registry'}",
+                          f"hydra.run.dir={tmp_path / 'hydra'}", "data.demo_prompts=40", "data.max_new_tokens=6",
+                          "method.steps=3", "method.eval_every=0", "method.save_every=0", "eval.k=[2]",
+                          "eval.max_new_tokens=8", "eval.max_prompts=2", "eval.cost_repeats=1"])
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert set(summary["drafts"]) == {"trained", "base"}
+    assert summary["promotion"] is not None  # decided (a 3-step tiny draft is usually rejected), and recorded
+    prompts = [json.loads(line)["prompt"] for line in (tmp_path / "run/demo_prompts.jsonl").read_text().splitlines()]
+    assert len(prompts) == 40
+    assert "draftsmith demo: building the demo pair" in capsys.readouterr().out
