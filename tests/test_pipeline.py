@@ -135,14 +135,16 @@ def test_multirun_sweep_and_report(pair, tmp_path, monkeypatch, capsys):
 
     sweep_dir = tmp_path / "sweep"
     args = [a for a in tiny_args(pair, tmp_path) if not a.startswith(("out_dir=", "hydra.run.dir="))]
-    run_cli(monkeypatch, ["-m", *args, f"hydra.sweep.dir={sweep_dir}", "method.loss=fkl,tvd"])
+    run_cli(monkeypatch, ["-m", *args, f"hydra.sweep.dir={sweep_dir}", "method.loss=fkl,tvd", "eval.k=[2,4],[4,6]"])
     jobs = sorted(p.parent.parent.name for p in sweep_dir.glob("*/eval/metrics.json"))
-    assert jobs == ["0", "1"]
+    assert jobs == ["0", "1", "2", "3"]
     capsys.readouterr()
     assert sweep.main([str(sweep_dir)]) == 0
     printed = capsys.readouterr().out
     rows = json.loads((sweep_dir / "sweep_report.json").read_text())["rows"]
-    assert {r["overrides"].split()[-1] for r in rows} == {"method.loss=fkl", "method.loss=tvd"}
+    combos = {(loss, k) for loss in ("fkl", "tvd") for k in ("[2,4]", "[4,6]")}
+    assert {next((loss, k) for loss, k in combos if f"method.loss={loss}" in r["overrides"].split()
+                 and f"eval.k={k}" in r["overrides"].split()) for r in rows} == combos
     assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
     assert "method.loss=tvd" in printed and (sweep_dir / "sweep_speedup.png").read_bytes()[:4] == b"\x89PNG"
 
