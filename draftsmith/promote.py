@@ -67,7 +67,8 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
 
         record["registry"]["wandb"] = link_model(run, registry.path(p.name, version["version"]), p.name,
                                                  cfg.registry.collection, [p.alias], summary[name], registry.root,
-                                                 project=cfg.tracking.project, mode=cfg.tracking.mode)
+                                                 project=cfg.tracking.project, mode=cfg.tracking.mode,
+                                                 wandb_dir=cfg.tracking.dir or str(out_dir))
     return record
 
 

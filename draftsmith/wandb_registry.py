@@ -43,11 +43,11 @@ def _link(run, version_dir: Path, name: str, collection: str, aliases: list[str]
 
 
 def link_model(run, version_dir: Path, name: str, collection: str, aliases: list[str], metadata: dict,
-               root: Path, project: str = "draftsmith", mode: str | None = None) -> dict:
+               root: Path, project: str = "draftsmith", mode: str | None = None, wandb_dir: str | None = None) -> dict:
     """Log + link one registry version; offline, record the link as pending. Returns the outcome.
 
     `run` is the promote stage's wandb run, or None to open one just for this (``job_type`` promote)
-    in `mode` (online / offline / disabled; None: $WANDB_MODE, else online).
+    in `mode` (online / offline / disabled; None: $WANDB_MODE, else online), writing under `wandb_dir`.
     """
     import os
 
@@ -55,7 +55,7 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
 
     own = run is None or getattr(run, "run", run) is None
     wb = wandb.init(project=project, job_type="promote", reinit="create_new",
-                    mode=mode or os.environ.get("WANDB_MODE") or "online") if own else getattr(run, "run", run)
+                    mode=mode or os.environ.get("WANDB_MODE") or "online", dir=wandb_dir) if own else getattr(run, "run", run)
     try:
         entry = {"version_dir": str(version_dir), "name": name, "collection": collection, "aliases": list(aliases),
                  "metadata": metadata}

@@ -141,9 +141,8 @@ def test_wandb_mirror_offline_records_pending_link_and_online_completes_it(tmp_p
     reg = LocalRegistry(tmp_path / "reg")
     reg.register("demo", fake_draft(tmp_path / "a", 1), metrics={}, promotion=PROMOTION, k=3)
     version_dir = reg.path("demo", 1)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    out = wandb_registry.link_model(None, version_dir, "demo", "drafts", ["production"], {"speedup": 1.4}, reg.root)
+    out = wandb_registry.link_model(None, version_dir, "demo", "drafts", ["production"], {"speedup": 1.4}, reg.root,
+                                    mode="offline", wandb_dir=str(tmp_path / "wandb"))
     assert out["status"] == "pending"
     pending = json.loads((reg.root / wandb_registry.PENDING).read_text())
     assert pending == [{"version_dir": str(version_dir), "name": "demo", "collection": "drafts",
@@ -156,7 +155,6 @@ def test_wandb_mirror_offline_records_pending_link_and_online_completes_it(tmp_p
     assert run.logged[0][1] == "model" and run.logged[0][2] == {"speedup": 1.4}
     assert json.loads((reg.root / wandb_registry.PENDING).read_text()) == []
 
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    out = wandb_registry.link_model(None, version_dir, "demo", "drafts", ["production"], {}, reg.root)
+    out = wandb_registry.link_model(None, version_dir, "demo", "drafts", ["production"], {}, reg.root, mode="disabled")
     assert out["status"] == "disabled"
     assert wandb.run is None
