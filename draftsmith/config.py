@@ -45,7 +45,7 @@ class DataConfig:
     n_completions: int = 1
     top_k_logprobs: int = 32  # > 0 keeps the target's top-k log-probs (needed by method.teacher=cached)
     batch_size: int = 32
-    demo_prompts: int = 320  # number of demo domain prompts (data.prompts=demo only)
+    demo_prompts: int = 480  # number of demo domain prompts (data.prompts=demo only)
     seed: int = 0
 
 
@@ -56,13 +56,14 @@ class MethodConfig:
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5
     teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
+    cached_tail: str = "uniform"  # cached teacher's tail mass: uniform (spread) | bucket (one bucket)
     on_policy_fraction: float = 0.0
     on_policy_max_new_tokens: int = 32
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: Any = "all-linear"
-    steps: int = 300
+    steps: int = 400
     batch_size: int = 16
     grad_accum: int = 1
     lr: float = 3e-3
@@ -187,6 +188,7 @@ def validate(cfg: DraftsmithConfig) -> None:
     _choice("method.method", cfg.method.method, ("full", "lora"))
     _choice("method.loss", cfg.method.loss, ("ce", "fkl", "rkl", "jsd", "tvd"))
     _choice("method.teacher", cfg.method.teacher, ("cached", "online"))
+    _choice("method.cached_tail", cfg.method.cached_tail, ("uniform", "bucket"))
     if cfg.method.teacher == "cached" and cfg.method.loss != "ce" and cfg.data.top_k_logprobs < 1:
         raise ConfigError(f"method.teacher=cached with method.loss={cfg.method.loss} needs the target's log-probs: "
                           "set data.top_k_logprobs > 0 (e.g. 32) or method.teacher=online")

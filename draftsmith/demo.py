@@ -58,7 +58,7 @@ class DemoSpec:
     vocab_size: int = 4096
     seq_len: int = 128
     batch_size: int = 16
-    target: ModelSpec = field(default_factory=lambda: ModelSpec(layers=6, hidden=512, heads=8, steps=150, lr=3e-3))
+    target: ModelSpec = field(default_factory=lambda: ModelSpec(layers=6, hidden=512, heads=8, steps=150, lr=2e-3))
     base_draft: ModelSpec = field(default_factory=lambda: ModelSpec(layers=2, hidden=128, heads=2, steps=200, lr=3e-3))
     domain: tuple[str, ...] = DOMAIN_PACKAGES
     seed: int = 0

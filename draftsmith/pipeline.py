@@ -159,7 +159,7 @@ class Pipeline:
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
             train_cfg = trainer.TrainConfig(
                 data_dir=str(self.out / "datagen"), draft=draft, target=target, out_dir=str(out), method=m.method,
-                loss=m.loss, beta=m.beta, teacher=m.teacher, on_policy_fraction=m.on_policy_fraction,
+                loss=m.loss, beta=m.beta, teacher=m.teacher, cached_tail=m.cached_tail, on_policy_fraction=m.on_policy_fraction,
                 on_policy_max_new_tokens=m.on_policy_max_new_tokens, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
                 lora_dropout=m.lora_dropout, lora_target_modules=m.lora_target_modules, steps=m.steps,
                 batch_size=m.batch_size, grad_accum=m.grad_accum, lr=m.lr, warmup_steps=m.warmup_steps,

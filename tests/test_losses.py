@@ -95,3 +95,27 @@ def test_topk_buckets_keep_the_tail_mass():
     teacher2 = torch.tensor([0.5, 0.3, 0.1, 0.1])  # tails (0.1, 0.1) vs (0.2, 0.2): proportional
     t2, s2 = topk_buckets(student2.log(), ids, teacher2[ids].log())
     assert torch.isclose(forward_kl_per_position(t2, s2), forward_kl_per_position(teacher2.log(), student2.log()))
+
+
+def test_topk_uniform_tail_by_hand():
+    from train.losses import topk_uniform_tail
+
+    ids = torch.tensor([[3, 0]])
+    logp = torch.tensor([[0.5, 0.2]]).log()
+    full = topk_uniform_tail(ids, logp, vocab=5).exp()
+    assert torch.allclose(full, torch.tensor([[0.2, 0.1, 0.1, 0.5, 0.1]]))  # tail 0.3 spread over 3 tokens
+
+
+def test_uniform_tail_penalises_a_student_that_piles_the_tail_on_one_token():
+    """Bucketed KL cannot tell these students apart; the uniform-tail KL prefers the spread one,
+    and the piled-up student's argmax is a tail token (what collapsed top-1 agreement)."""
+    from train.losses import topk_uniform_tail
+
+    ids, logp = torch.tensor([[0]]), torch.tensor([[0.4]]).log()  # teacher: 0.4 on token 0, 0.6 in the tail
+    spread = torch.tensor([[0.4, 0.15, 0.15, 0.15, 0.15]]).log()
+    piled = torch.tensor([[0.4, 0.57, 0.01, 0.01, 0.01]]).log()
+    bucket = [forward_kl_per_position(*topk_buckets(s, ids, logp)) for s in (spread, piled)]
+    assert torch.allclose(bucket[0], bucket[1], atol=1e-6)
+    teacher = topk_uniform_tail(ids, logp, vocab=5)
+    assert forward_kl_per_position(teacher, spread) < forward_kl_per_position(teacher, piled)
+    assert piled.argmax(-1).item() != 0

@@ -28,7 +28,8 @@ from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from decode.pair import check_tokenizers, load_model, load_tokenizer
 from train.checkpoints import latest_checkpoint, save_checkpoint
 from train.data import Batch, batch_indices, collate
-from train.losses import LOSSES, ce_per_position, divergence_per_position, masked_mean, topk_buckets
+from train.losses import (LOSSES, ce_per_position, divergence_per_position, masked_mean, topk_buckets,
+                          topk_uniform_tail)
 
 
 class TrainingError(RuntimeError):
@@ -49,6 +50,7 @@ class TrainConfig:
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
     teacher: str = "online"  # online | cached
+    cached_tail: str = "uniform"  # cached teacher: tail mass spread evenly (uniform) or one bucket (bucket)
     on_policy_fraction: float = 0.0  # share of steps trained on draft-sampled continuations
     on_policy_max_new_tokens: int = 32
     lora_r: int = 16
@@ -80,6 +82,8 @@ class TrainConfig:
             (self.method in ("full", "lora"), f"train.method must be full or lora, got {self.method!r}"),
             (self.loss in LOSSES, f"train.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}"),
             (self.teacher in ("online", "cached"), f"train.teacher must be online or cached, got {self.teacher!r}"),
+            (self.cached_tail in ("uniform", "bucket"),
+             f"train.cached_tail must be uniform or bucket, got {self.cached_tail!r}"),
             (0.0 <= self.on_policy_fraction <= 1.0, f"train.on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}"),
             (self.steps >= 1 and self.batch_size >= 1 and self.grad_accum >= 1,
              "train.steps, train.batch_size and train.grad_accum must be >= 1"),
@@ -119,6 +123,11 @@ def batch_loss(cfg: TrainConfig, student_logits: torch.Tensor, batch: Batch,
         t_logp = shared_log_softmax(teacher_logits[:, :-1], width)
         per_pos = ce_per_position(s_logp, labels) if cfg.loss == "ce" else divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
         t_top1 = t_logp.argmax(-1)
+        accept = torch.minimum(t_logp.exp(), s_logp.exp()).sum(-1)
+    elif batch.topk_ids is not None and cfg.loss != "ce" and cfg.cached_tail == "uniform":
+        t_logp = topk_uniform_tail(batch.topk_ids, batch.topk_logprobs, width)
+        per_pos = divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
+        t_top1 = batch.topk_ids[..., 0]
         accept = torch.minimum(t_logp.exp(), s_logp.exp()).sum(-1)
     elif batch.topk_ids is not None and cfg.loss != "ce":
         t_b, s_b = topk_buckets(s_logp, batch.topk_ids, batch.topk_logprobs)
