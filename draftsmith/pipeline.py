@@ -24,7 +24,7 @@ from pathlib import Path
 
 from decode.artifacts import atomic_dir, write_json
 from draftsmith.config import DEMO, DraftsmithConfig
-from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_eval
+from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 
 
 def config_hash(*parts) -> str:
@@ -234,6 +234,8 @@ class Pipeline:
 
         def body(run):
             record = promote(cfg, self.out, self.registry(), run)
+            if record["promote"] and run.run is not None and cfg.registry.kind != "wandb":
+                log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, record["candidate"])
             with atomic_dir(out) as tmp:
                 write_json(tmp / "promotion.json", record)
             self.log(f"draftsmith: promote: {'PROMOTED' if record['promote'] else 'not promoted'} - "

@@ -133,3 +133,16 @@ def log_eval(run: StageRun, metrics: dict) -> None:
         run.summary(flat)
     except Exception as exc:  # noqa: BLE001
         _warn("eval logging", exc)
+
+
+def log_draft_artifact(run: StageRun, version_dir: Path, name: str, summary: dict) -> None:
+    """The promoted registry version as a W&B ``model`` artifact of the promote run (no registry link;
+    ``registry=wandb`` links it)."""
+    if run.run is None:
+        return
+    try:
+        from draftsmith.wandb_registry import _artifact
+
+        run.run.log_artifact(_artifact(version_dir, name, summary))
+    except Exception as exc:  # noqa: BLE001
+        _warn("artifact logging", exc)

@@ -156,11 +156,12 @@ def test_sweep_report_on_empty_dir_is_a_clear_error(tmp_path, capsys):
     assert "no */eval/metrics.json under" in capsys.readouterr().err
 
 
-def test_wandb_tracking_offline_one_run_per_stage_and_metrics_read_back(pair, tmp_path, monkeypatch):
-    from wandb_offline import history, run_info
+@pytest.mark.parametrize("registry", ["wandb", "local"])
+def test_wandb_tracking_offline_one_run_per_stage_and_metrics_read_back(pair, tmp_path, monkeypatch, registry):
+    from wandb_offline import history, record_types, run_info
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    run_cli(monkeypatch, tiny_args(pair, tmp_path, "tracking=wandb", "tracking.mode=offline", "registry=wandb",
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "tracking=wandb", "tracking.mode=offline", f"registry={registry}",
                                    f"tracking.dir={tmp_path / 'wb'}", "name=wbtest"))
     runs = {run_info(d)["job_type"]: d for d in (tmp_path / "wb" / "wandb").glob("offline-run-*")}
     assert set(runs) == {"datagen", "train", "eval", "promote"}
@@ -175,8 +176,12 @@ def test_wandb_tracking_offline_one_run_per_stage_and_metrics_read_back(pair, tm
     assert logged["eval/trained/per_position_acceptance_table/_type"] == "table-file"  # the bar chart's data
     assert any("train/loss" in row for row in history(runs["train"]))
     promotion = json.loads((tmp_path / "run/promote/promotion.json").read_text())
-    assert promotion["registry"]["wandb"]["status"] == "pending"  # offline: the link waits for an online run
-    assert (tmp_path / "registry" / "wandb_pending_links.json").exists()
+    assert "artifact" in record_types(runs["promote"])  # the draft, logged for `wandb sync`
+    if registry == "wandb":
+        assert promotion["registry"]["wandb"]["status"] == "pending"  # offline: the link waits for an online run
+        assert (tmp_path / "registry" / "wandb_pending_links.json").exists()
+    else:
+        assert "wandb" not in promotion["registry"]
 
 
 def test_wandb_failure_never_loses_local_outputs(pair, tmp_path, monkeypatch, capsys):

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from test_pipeline import pair, run_cli, tiny_args  # noqa: F401  (pair is a fixture)
 

@@ -65,3 +65,16 @@ def run_info(run_dir: str | Path) -> dict:
             return {"job_type": record.run.job_type, "group": record.run.run_group,
                     "config_keys": sorted(item.key for item in record.run.config.update)}
     raise ValueError(f"{run_dir} has no run record")
+
+
+def record_types(run_dir: str | Path) -> set[str]:
+    """The kinds of records an offline run wrote (history, run, artifact, ...)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(Path(run_dir).glob("run-*.wandb")).read_bytes()
+    kinds = set()
+    for payload in _payloads(data):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        kinds.add(record.WhichOneof("record_type"))
+    return kinds
