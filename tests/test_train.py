@@ -197,7 +197,10 @@ def test_metrics_reach_wandb_offline(pair_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    trainer.run(cfg(pair_dirs, tmp_path, steps=3, eval_every=3, log_with="wandb", tracker_project="draftsmith-test"))
+    # mode and dir also as init arguments: once a wandb session exists in this process (other tests),
+    # wandb ignores changed environment variables
+    trainer.run(cfg(pair_dirs, tmp_path, steps=3, eval_every=3, log_with="wandb", tracker_project="draftsmith-test",
+                    tracker_init={"wandb": {"mode": "offline", "dir": str(tmp_path)}}))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     rows = history(runs[0])
