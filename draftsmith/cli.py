@@ -38,6 +38,7 @@ def _fail(message: str) -> None:
 def run(cfg: DictConfig) -> dict:
     """Validate `cfg`, run the pipeline, print the summary table; returns the summary."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from draftsmith.pipeline import Pipeline, format_summary
 
@@ -50,10 +51,13 @@ def run(cfg: DictConfig) -> dict:
         validate(obj)
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
-    out_dir = Path(obj.out_dir or HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(obj.out_dir or hydra_cfg.runtime.output_dir)
+    # the jobs of a sweep share one datagen output per datagen config (most sweeps vary method/eval)
+    shared = str(Path(hydra_cfg.sweep.dir) / ".datagen") if hydra_cfg.mode == RunMode.MULTIRUN else None
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
-        summary = Pipeline(obj, out_dir, config_dict=resolved).run()
+        summary = Pipeline(obj, out_dir, config_dict=resolved, datagen_cache=shared).run()
     except _user_errors() as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise

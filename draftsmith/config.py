@@ -46,6 +46,7 @@ class DataConfig:
     top_k_logprobs: int = 32  # > 0 keeps the target's top-k log-probs (needed by method.teacher=cached)
     batch_size: int = 32
     demo_prompts: int = 480  # number of demo domain prompts (data.prompts=demo only)
+    cache_dir: Optional[str] = None  # share datagen outputs between runs (sweeps: <sweep dir>/.datagen by default)
     seed: int = 0
 
 

@@ -35,9 +35,11 @@ def config_hash(*parts) -> str:
 class Pipeline:
     """Runs the configured stages in order; `run()` returns the summary it prints."""
 
-    def __init__(self, cfg: DraftsmithConfig, out_dir: Path, log=print, config_dict: dict | None = None):
+    def __init__(self, cfg: DraftsmithConfig, out_dir: Path, log=print, config_dict: dict | None = None,
+                 datagen_cache: str | None = None):
         self.cfg = cfg
         self.out = Path(out_dir)
+        self.datagen_cache = cfg.data.cache_dir or datagen_cache
         self.log = log
         self.tracker = Tracker(cfg.tracking, config_dict or asdict(cfg), self.out, group=cfg.name)
         self._pair: tuple[str, str] | None = None
@@ -113,9 +115,13 @@ class Pipeline:
         from train import datagen
         from train.prompts import PromptSource
 
-        cfg, out = self.cfg, self.out / "datagen"
+        cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
-        section = {"target": target, "data": asdict(cfg.data), "dtype": cfg.pair.dtype}
+        data = {k: v for k, v in asdict(cfg.data).items() if k != "cache_dir"}  # where it lives is not what it is
+        section = {"target": target, "data": data, "dtype": cfg.pair.dtype}
+        digest = config_hash("datagen", section)
+        shared = Path(self.datagen_cache) if self.datagen_cache else None
+        out = shared / f"datagen-{digest}" if shared else link
 
         def body(run):
             prompts = cfg.data.prompts
@@ -139,7 +145,16 @@ class Pipeline:
                      "datagen/train_prompts": manifest["counts"]["completions"]["train"],
                      "datagen/heldout_prompts": manifest["counts"]["completions"]["heldout"]})
 
-        self._stage("datagen", out, config_hash("datagen", section), section, body)
+        if shared is None:
+            self._stage("datagen", out, digest, section, body)
+            return
+        from filelock import FileLock
+
+        shared.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(shared / f"datagen-{digest}.lock")):  # concurrent sweep jobs: one generates
+            self._stage("datagen", out, digest, section, body)
+        _link_dir(link, out)
+        self.log(f"draftsmith: datagen: {link} -> {out} (shared by the runs that use data.cache_dir={shared})")
 
     def train(self) -> None:
         from train import trainer
@@ -269,6 +284,18 @@ class Pipeline:
             result["promotion"] = {"promote": promotion["promote"], "reasons": promotion["reasons"],
                                    "registry": promotion.get("registry")}
         return result
+
+
+def _link_dir(link: Path, target: Path) -> None:
+    """Make `link` a symlink to `target`, replacing what is there (a stale directory or link) atomically."""
+    if link.is_symlink() and link.resolve() == target.resolve():
+        return
+    if link.exists() and not link.is_symlink():
+        shutil.rmtree(link)
+    tmp = link.with_name(f".{link.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target.resolve(), tmp, target_is_directory=True)
+    os.replace(tmp, link)
 
 
 def format_summary(summary: dict) -> str:

@@ -138,6 +138,11 @@ def test_multirun_sweep_and_report(pair, tmp_path, monkeypatch, capsys):
     run_cli(monkeypatch, ["-m", *args, f"hydra.sweep.dir={sweep_dir}", "method.loss=fkl,tvd", "eval.k=[2,4],[4,6]"])
     jobs = sorted(p.parent.parent.name for p in sweep_dir.glob("*/eval/metrics.json"))
     assert jobs == ["0", "1", "2", "3"]
+    # one datagen for the whole sweep: the first job generates, the others reuse it through a link
+    ran = [json.loads((sweep_dir / j / "summary.json").read_text())["stages"]["datagen"] for j in jobs]
+    assert ran == ["ran", "skipped", "skipped", "skipped"]
+    assert len({(sweep_dir / j / "datagen").resolve() for j in jobs}) == 1
+    assert all((sweep_dir / j / "datagen").is_symlink() for j in jobs)
     capsys.readouterr()
     assert sweep.main([str(sweep_dir)]) == 0
     printed = capsys.readouterr().out
@@ -214,6 +219,8 @@ def test_submitit_local_multirun_runs_jobs_in_separate_processes(pair, tmp_path)
     assert len(pids) == 2  # two job processes (the basic launcher would run both in one)
     assert list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))  # pickled by submitit
     assert all(s["stages"]["eval"] == "ran" for s in summaries)
+    # the two jobs ran at once and shared one datagen output: the lock let one generate it
+    assert sorted(s["stages"]["datagen"] for s in summaries) == ["ran", "skipped"]
 
 
 @pytest.mark.slow
