@@ -8,8 +8,9 @@ Reads a datagen output, writes to ``cfg.out_dir``:
     manifest.json       resolved config, inputs, provenance; written last, it marks completion
 
 Teacher signal: ``online`` runs the frozen target inside the loop (no grad); ``cached`` uses the
-top-k log-probs stored by datagen, with the tail mass kept as one bucket (see
-:func:`train.losses.topk_buckets`). ``ce`` is sequence-level KD on the target's tokens and needs
+top-k log-probs stored by datagen, with the tail mass spread evenly over the other tokens
+(``cached_tail="uniform"``, :func:`train.losses.topk_uniform_tail`) or kept as one bucket
+(``"bucket"``, :func:`train.losses.topk_buckets`). ``ce`` is sequence-level KD on the target's tokens and needs
 no teacher. On-policy batches (DistillSpec / GKD): the draft samples continuations of training
 prompts and the online target scores them.
 """
