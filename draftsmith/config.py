@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING  # noqa: F401  (re-exported for conf users)
-
 STAGES = ("datagen", "train", "eval", "promote")
 DEMO = "demo"  # pair.target / pair.draft / data.prompts value meaning "the embedded demo"
 

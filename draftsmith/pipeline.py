@@ -67,10 +67,7 @@ class Pipeline:
 
     def production(self) -> dict | None:
         """The registry's current production version record (None when there is none)."""
-        reg = self.registry()
-        if self.cfg.promote.alias not in reg.aliases(self.cfg.promote.name):
-            return None
-        return reg.resolve(self.cfg.promote.name, self.cfg.promote.alias)
+        return self.registry().find(self.cfg.promote.name, self.cfg.promote.alias)
 
     # -- stage bookkeeping ------------------------------------------------------------------
     def _done(self, stage: str, out: Path, digest: str) -> bool:
@@ -172,16 +169,8 @@ class Pipeline:
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
-            train_cfg = trainer.TrainConfig(
-                data_dir=str(self.out / "datagen"), draft=draft, target=target, out_dir=str(out), method=m.method,
-                loss=m.loss, beta=m.beta, teacher=m.teacher, cached_tail=m.cached_tail, on_policy_fraction=m.on_policy_fraction,
-                on_policy_max_new_tokens=m.on_policy_max_new_tokens, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
-                lora_dropout=m.lora_dropout, lora_target_modules=m.lora_target_modules, steps=m.steps,
-                batch_size=m.batch_size, grad_accum=m.grad_accum, lr=m.lr, warmup_steps=m.warmup_steps,
-                weight_decay=m.weight_decay, max_grad_norm=m.max_grad_norm, max_len=m.max_len,
-                mixed_precision=m.mixed_precision, eval_every=m.eval_every, eval_rows=m.eval_rows,
-                save_every=m.save_every, keep_checkpoints=m.keep_checkpoints, seed=m.seed, device=m.device,
-                **self.tracker.train_kwargs())
+            train_cfg = trainer.TrainConfig(data_dir=str(self.out / "datagen"), draft=draft, target=target,
+                                            out_dir=str(out), **method_fields(m), **self.tracker.train_kwargs())
             try:
                 trainer.run(train_cfg)
             except Exception as exc:
@@ -200,7 +189,8 @@ class Pipeline:
         pending = out / "pending.json"
         return pending.exists() and json.loads(pending.read_text()).get("hash") == digest
 
-    def eval_drafts(self) -> dict[str, str]:
+    def eval_drafts(self, prod: dict | None) -> dict[str, str]:
+        """name -> path of the drafts to evaluate: trained, base, and the production draft `prod`."""
         _, base = self.pair()
         drafts = {}
         trained = self.out / "train" / "draft"
@@ -208,8 +198,7 @@ class Pipeline:
             drafts["trained"] = str(trained)
         if self.cfg.eval.compare_base or not drafts:
             drafts["base"] = base
-        prod = self.production() if self.cfg.eval.compare_production else None
-        if prod is not None:
+        if prod is not None and self.cfg.eval.compare_production:
             from draftsmith.registry import fingerprint
 
             if "trained" not in drafts or fingerprint(trained) != prod["fingerprint"]:
@@ -221,8 +210,9 @@ class Pipeline:
 
         cfg, out = self.cfg, self.out / "eval"
         target, _ = self.pair()
-        drafts = self.eval_drafts()
-        prod = self.production() if "production" in drafts else None  # a new champion means a new comparison
+        prod = self.production()
+        drafts = self.eval_drafts(prod)
+        prod = prod if "production" in drafts else None  # a new champion means a new comparison
         section = {"target": target, "drafts": drafts, "eval": asdict(cfg.eval), "decode": asdict(cfg.decode),
                    "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
         upstream = [self._upstream("datagen", self.out / "datagen")]
@@ -284,6 +274,18 @@ class Pipeline:
             result["promotion"] = {"promote": promotion["promote"], "reasons": promotion["reasons"],
                                    "registry": promotion.get("registry")}
         return result
+
+
+def method_fields(method) -> dict:
+    """The TrainConfig keyword arguments of a MethodConfig (same field names; ``name`` is a label)."""
+    from train.trainer import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in asdict(method).items() if k != "name"}
+    unknown = set(values) - fields
+    if unknown:  # a schema field the trainer does not know would otherwise be silently ignored
+        raise AssertionError(f"MethodConfig fields {sorted(unknown)} have no TrainConfig counterpart")
+    return values
 
 
 def _link_dir(link: Path, target: Path) -> None:

@@ -32,8 +32,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     p = cfg.promote
     gates = Gates(min_acceptance_rate=p.min_acceptance_rate, min_speedup=p.min_speedup,
                   require_greedy_match=p.require_greedy_match, champion_margin=p.champion_margin)
-    aliases = registry.aliases(p.name)
-    production = registry.resolve(p.name, p.alias) if p.alias in aliases else None
+    production = registry.find(p.name, p.alias)
     candidate_fp = fingerprint(draft_dir)
     base = {"name": p.name, "candidate_draft": str(draft_dir), "candidate_name": name,
             "eval_set": metrics.get("eval_set"), "registry": None}
@@ -65,7 +64,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     if cfg.registry.kind == "wandb":
         from draftsmith.wandb_registry import link_model
 
-        record["registry"]["wandb"] = link_model(run, registry.path(p.name, version["version"]), p.name,
+        record["registry"]["wandb"] = link_model(run.run if run is not None else None, registry.path(p.name, version["version"]), p.name,
                                                  cfg.registry.collection, [p.alias], summary[name], registry.root,
                                                  project=cfg.tracking.project, mode=cfg.tracking.mode,
                                                  wandb_dir=cfg.tracking.dir or str(out_dir))

@@ -19,6 +19,7 @@ lock makes concurrent promotions from many sweep jobs safe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -96,6 +97,10 @@ class LocalRegistry:
             raise RegistryError(f"registry {self.root}: {name!r} has no version {number} (versions: {known or 'none'})")
         return json.loads(path.read_text())
 
+    def find(self, name: str, alias: str) -> dict | None:
+        """The version record `alias` points at, or None when `name` has no such alias (yet)."""
+        return self.resolve(name, alias) if alias in self.aliases(name) else None
+
     def path(self, name: str, ref: str | int) -> Path:
         """The directory of a version (``.../v<N>``)."""
         return self._entry(name) / f"v{self.resolve(name, ref)['version']}"
@@ -117,11 +122,9 @@ class LocalRegistry:
         with self._lock(name):
             existing = next((v for v in self.versions(name) if v["fingerprint"] == fp), None)
             if existing is None:
-                number = max((v["version"] for v in self.versions(name)), default=0) + 1
+                # every v<N> directory counts, so a number is never reused even for a stray directory
+                number = max(self._numbers(name), default=0) + 1
                 final = self._entry(name) / f"v{number}"
-                if final.exists():  # a directory without version.json: a crashed copy; never reuse the number
-                    number = max(number, *self._numbers(name)) + 1
-                    final = self._entry(name) / f"v{number}"
                 record = {"name": name, "version": number, "fingerprint": fp, "created_at": time.time(),
                           "best_k": int(k), "summary": promotion.get("candidate"), "source": source or {},
                           "path": str(final.resolve())}
@@ -162,6 +165,7 @@ class LocalRegistry:
         write_json(self._entry(name) / "aliases.json", current)
         return current
 
+    @contextlib.contextmanager
     def _lock(self, name: str):
         from filelock import FileLock, Timeout
 
@@ -174,20 +178,12 @@ class LocalRegistry:
         except OSError as exc:
             raise RegistryError(f"registry root {self.root} is not writable ({exc.strerror}); set registry.root "
                                 "to a directory you can write to") from exc
-        lock = FileLock(str(entry / ".lock"), timeout=self.lock_timeout_s)
-
-        class _Guard:
-            def __enter__(guard):
-                try:
-                    lock.acquire()
-                except Timeout as exc:
-                    raise RegistryError(f"could not lock {entry / '.lock'} within {self.lock_timeout_s:.0f} s: "
-                                        "another promotion holds it; retry, or raise registry.lock_timeout_s") from exc
-
-            def __exit__(guard, *exc):
-                lock.release()
-
-        return _Guard()
+        try:
+            with FileLock(str(entry / ".lock"), timeout=self.lock_timeout_s):
+                yield
+        except Timeout as exc:
+            raise RegistryError(f"could not lock {entry / '.lock'} within {self.lock_timeout_s:.0f} s: another "
+                                "promotion holds it; retry, or raise registry.lock_timeout_s") from exc
 
 
 def format_versions(registry: LocalRegistry, name: str) -> str:

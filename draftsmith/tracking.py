@@ -141,8 +141,8 @@ def log_draft_artifact(run: StageRun, version_dir: Path, name: str, summary: dic
     if run.run is None:
         return
     try:
-        from draftsmith.wandb_registry import _artifact
+        from draftsmith.wandb_registry import model_artifact
 
-        run.run.log_artifact(_artifact(version_dir, name, summary))
+        run.run.log_artifact(model_artifact(version_dir, name, summary))
     except Exception as exc:  # noqa: BLE001
         _warn("artifact logging", exc)

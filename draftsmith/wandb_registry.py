@@ -24,7 +24,7 @@ def _pending(root: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def _artifact(version_dir: Path, name: str, metadata: dict):
+def model_artifact(version_dir: Path, name: str, metadata: dict):
     import wandb
 
     artifact = wandb.Artifact(name=name, type="model", metadata=metadata)
@@ -35,7 +35,7 @@ def _artifact(version_dir: Path, name: str, metadata: dict):
 
 def _link(run, version_dir: Path, name: str, collection: str, aliases: list[str], metadata: dict) -> str:
     """Log and link; returns "linked", "disabled", or raises NotImplementedError offline."""
-    artifact = run.log_artifact(_artifact(version_dir, name, metadata), aliases=list(aliases))
+    artifact = run.log_artifact(model_artifact(version_dir, name, metadata), aliases=list(aliases))
     if getattr(run, "disabled", False):
         return "disabled"
     run.link_artifact(artifact, f"wandb-registry-model/{collection}", aliases=list(aliases))
@@ -46,16 +46,16 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
                root: Path, project: str = "draftsmith", mode: str | None = None, wandb_dir: str | None = None) -> dict:
     """Log + link one registry version; offline, record the link as pending. Returns the outcome.
 
-    `run` is the promote stage's wandb run, or None to open one just for this (``job_type`` promote)
+    `run` is the promote stage's wandb run (a ``wandb.Run``), or None to open one just for this (``job_type`` promote)
     in `mode` (online / offline / disabled; None: $WANDB_MODE, else online), writing under `wandb_dir`.
     """
     import os
 
     import wandb
 
-    own = run is None or getattr(run, "run", run) is None
+    own = run is None
     wb = wandb.init(project=project, job_type="promote", reinit="create_new",
-                    mode=mode or os.environ.get("WANDB_MODE") or "online", dir=wandb_dir) if own else getattr(run, "run", run)
+                    mode=mode or os.environ.get("WANDB_MODE") or "online", dir=wandb_dir) if own else run
     try:
         entry = {"version_dir": str(version_dir), "name": name, "collection": collection, "aliases": list(aliases),
                  "metadata": metadata}
