@@ -114,33 +114,33 @@ def batch_loss(cfg: TrainConfig, student_logits: torch.Tensor, batch: Batch,
 
     Returns (loss, metrics) with metrics: top1_agreement (student argmax == teacher argmax, or ==
     the target's token for ce) and expected_acceptance = mean sum min(p, q) where a teacher
-    distribution is available (bucketed, an upper bound, for the cached teacher).
+    distribution is available (for the cached teacher: over its reconstruction from the top-k, the
+    uniform-tail one or the buckets, whose value is an upper bound).
     """
     s_logp = shared_log_softmax(student_logits[:, :-1], width)  # [B, T-1, V]
     labels = batch.input_ids[:, 1:]
     mask = batch.loss_mask
     metrics = {}
+    dists = None  # (teacher, student) log-probs for the expected-acceptance metric
     if teacher_logits is not None:
         t_logp = shared_log_softmax(teacher_logits[:, :-1], width)
         per_pos = ce_per_position(s_logp, labels) if cfg.loss == "ce" else divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
-        t_top1 = t_logp.argmax(-1)
-        accept = torch.minimum(t_logp.exp(), s_logp.exp()).sum(-1)
+        t_top1, dists = t_logp.argmax(-1), (t_logp, s_logp)
     elif batch.topk_ids is not None and cfg.loss != "ce" and cfg.cached_tail == "uniform":
         t_logp = topk_uniform_tail(batch.topk_ids, batch.topk_logprobs, width)
         per_pos = divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
-        t_top1 = batch.topk_ids[..., 0]
-        accept = torch.minimum(t_logp.exp(), s_logp.exp()).sum(-1)
+        t_top1, dists = batch.topk_ids[..., 0], (t_logp, s_logp)
     elif batch.topk_ids is not None and cfg.loss != "ce":
         t_b, s_b = topk_buckets(s_logp, batch.topk_ids, batch.topk_logprobs)
         per_pos = divergence_per_position(cfg.loss, t_b, s_b, cfg.beta)
-        t_top1 = batch.topk_ids[..., 0]
-        accept = torch.minimum(t_b.exp(), s_b.exp()).sum(-1)
+        t_top1, dists = batch.topk_ids[..., 0], (t_b, s_b)
     else:
         per_pos = ce_per_position(s_logp, labels)
-        t_top1, accept = labels, None
-    with torch.no_grad():
+        t_top1 = labels
+    with torch.no_grad():  # metrics only: no autograd graph for them in the training step
         metrics["top1_agreement"] = masked_mean((s_logp.argmax(-1) == t_top1).float(), mask).item()
-        if accept is not None:
+        if dists is not None:
+            accept = torch.minimum(dists[0].exp(), dists[1].exp()).sum(-1)
             metrics["expected_acceptance"] = masked_mean(accept, mask).item()
     return masked_mean(per_pos, mask), metrics
 
