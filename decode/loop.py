@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from decode.cache import CachedModel
+from decode.lean import make_runner, runner_name
 from decode.sampling import check_sampling_args, logits_to_probs, sample
 from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
 from decode.verify import expected_acceptance, verify_greedy, verify_sampling
@@ -89,6 +89,7 @@ def autoregressive_generate(
     top_k: int = 0,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    backend: str = "auto",
 ) -> GenerateOutput:
     """Plain cached decoding with `model`, one forward per new token: the baseline.
 
@@ -98,6 +99,9 @@ def autoregressive_generate(
             positions are dropped.
         max_new_tokens: exact cap on new tokens. eos_token_id: stop after the first of these.
         temperature / top_p / top_k: 0 temperature is greedy. generator: source of every draw.
+        backend: how the model's cached forward runs: "lean" (:class:`decode.lean.LeanModel`,
+            Llama-family models), "hf" (the model's own forward) or "auto" (lean when it covers
+            the model). Both compute the same logits; lean skips HF's per-call overhead.
     Returns:
         GenerateOutput with ``sequences`` = input_ids + new tokens and :class:`DecodeStats`.
     """
@@ -105,8 +109,8 @@ def autoregressive_generate(
     prompt = _prepare_prompt(input_ids, attention_mask)
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)
-    stats = DecodeStats()
-    runner = CachedModel(model)
+    runner = make_runner(model, backend, capacity=prompt.shape[1] + max(max_new_tokens, 0) + 1)
+    stats = DecodeStats(backend=runner_name(runner))
     new: list[torch.Tensor] = []
 
     start = _clock(device)
@@ -139,16 +143,18 @@ def speculative_generate(
     top_k: int = 0,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    backend: str = "auto",
 ) -> GenerateOutput:
     """Speculative decoding of `target` with `draft` proposing `k` tokens per round.
 
     Same arguments and output as :func:`autoregressive_generate`, plus the draft and `k`. The
     output equals the target's own greedy output at temperature 0, and is distributed as the
     target's filtered distribution at temperature > 0. Target and draft must share a tokenizer
-    (see :func:`decode.load_pair`). Their logit widths may differ (padded embedding tables, as in
-    Qwen): both distributions are then taken over the shared range ``[0, min(V_target, V_draft))``,
-    which holds every real token of the tokenizer, so a padded id that one model cannot embed is
-    never produced. Stats are :class:`SpeculativeStats`.
+    (see :func:`decode.load_pair`). `backend` applies to both models (see
+    :func:`autoregressive_generate`); ``stats.backend`` / ``stats.draft_backend`` say which ran.
+    Their logit widths may differ (padded embedding tables, as in Qwen): both distributions are
+    then taken over the shared range ``[0, min(V_target, V_draft))``, which holds every real
+    token of the tokenizer, so a padded id that one model cannot embed is never produced. Stats are :class:`SpeculativeStats`.
 
     Steps of a round, with n tokens known and r new tokens still allowed:
         1. k_r = min(k, r - 1) so that the round can never overshoot ``max_new_tokens``;
@@ -164,11 +170,12 @@ def speculative_generate(
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)
     greedy = temperature == 0
-    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
-                             overlap_sum=None if greedy else 0.0)
-    tgt, dft = CachedModel(target), CachedModel(draft)
-
     n_prompt = prompt.shape[1]
+    capacity = n_prompt + max(max_new_tokens, 0) + k + 1
+    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity)
+    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
+                             overlap_sum=None if greedy else 0.0, backend=runner_name(tgt),
+                             draft_backend=runner_name(dft))
     buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
     buf[:, :n_prompt] = prompt
     n = n_prompt  # tokens known: prompt + accepted

@@ -21,6 +21,7 @@ class DecodeStats:
         prefill_s: wall time of the prompt forward(s).
         ttft_s: wall time from the call to the first new token being known.
         total_s: wall time of the whole call.
+        backend: which cached forward ran the target: "lean" or "hf" (see decode/lean.py).
     """
 
     new_tokens: int = 0
@@ -28,6 +29,7 @@ class DecodeStats:
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     total_s: float = 0.0
+    backend: str = "hf"
 
     @property
     def decode_s(self) -> float:
@@ -65,6 +67,7 @@ class SpeculativeStats(DecodeStats):
             were drafted but never tested).
         draft_forwards: forward calls of the draft, prefill included.
         drafted_per_position / accepted_per_position: [k] counts for draft position i = 1..k.
+        draft_backend: which cached forward ran the draft: "lean" or "hf".
     """
 
     k: int = 0
@@ -75,6 +78,7 @@ class SpeculativeStats(DecodeStats):
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    draft_backend: str = "hf"
     overlap_sum: float | None = None  # sampling only: sum over drafted positions of sum_x min(p(x), q(x))
 
     @property

@@ -19,9 +19,10 @@ import time
 import torch
 
 from decode.cache import CachedModel
+from decode.lean import LeanModel, make_runner
 
 
-def _timed(runner: CachedModel, tokens: torch.Tensor, restore: int) -> float:
+def _timed(runner: CachedModel | LeanModel, tokens: torch.Tensor, restore: int) -> float:
     """Seconds of one cached forward of `tokens` [1, T]; the cache is cropped back to `restore` after."""
     device = tokens.device
     if device.type == "cuda":
@@ -36,13 +37,17 @@ def _timed(runner: CachedModel, tokens: torch.Tensor, restore: int) -> float:
 
 
 @torch.inference_mode()
-def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20) -> dict:
+def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20, backend: str = "auto") -> dict:
     """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).
+
+    `backend` picks the cached forward as in the decode loops (see decode/lean.py): time the one
+    the decode ran with.
 
     Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},
     "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}.
     """
-    tgt, dft = CachedModel(target), CachedModel(draft)
+    capacity = context.shape[1] + max(ks) + 2
+    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity)
     tgt.forward(context, keep=1)
     dft.forward(context, keep=1)
     p = context.shape[1]

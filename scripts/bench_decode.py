@@ -1,8 +1,12 @@
 """Benchmark the decode engine: plain decoding vs draftsmith's speculative loop vs HF assisted generation.
 
-Prints one JSON document. For each K: tokens/s of the three engines on the same prompts (runs
-interleaved prompt by prompt, engine order rotated each repeat, medians over repeats), whether the
-three outputs are identical (greedy), acceptance (share of drafted tokens accepted, and the
+Prints one JSON document. For each K: tokens/s of the engines on the same prompts (runs
+interleaved prompt by prompt, engine order rotated each repeat, medians over repeats): plain
+decoding and draftsmith's speculative loop with the chosen forward backend (--backend, default
+auto: the lean forward of decode/lean.py where it covers the models), HF assisted generation, and
+-- unless the backend already is hf -- plain and speculative decoding on the models' own HF
+forward too, so that the gain splits into the loop's and the forward's; whether all outputs are
+identical (greedy), acceptance (share of drafted tokens accepted, and the
 per-token acceptance probability alpha over the tokens actually tested), tau, per-position
 acceptance, the measured cost ratios c and c_v (see decode/timing.py), the predicted speedup
 (1 - alpha^(K+1)) / ((1 - alpha)(K c + c_v)), and loop efficiency = measured / predicted (also
@@ -31,6 +35,7 @@ import torch  # noqa: E402
 
 from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
 from decode.cache import CachedModel  # noqa: E402
+from decode.lean import LeanModel  # noqa: E402
 from decode.timing import cost_ratios  # noqa: E402
 from eval.metrics import acceptance_summary  # noqa: E402
 from eval.runner import hf_assisted_generate  # noqa: E402
@@ -48,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts per K")
     ap.add_argument("--no-hf", action="store_true", help="skip HF assisted generation")
+    ap.add_argument("--backend", default="auto", choices=["auto", "lean", "hf"],
+                    help="cached forward of draftsmith's loops (decode/lean.py)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
@@ -81,14 +88,21 @@ def get_prompts(args, tokenizer) -> list[torch.Tensor]:
     return prompts
 
 
-def run_engine(engine: str, pair, prompt: torch.Tensor, k: int, max_new: int, eos):
-    """One greedy generation; returns (sequence [1, L], seconds, stats or None)."""
+def run_engine(engine: str, pair, prompt: torch.Tensor, k: int, max_new: int, eos, backend: str):
+    """One greedy generation; returns (sequence [1, L], seconds, stats or None).
+
+    Engines: "autoregressive" / "speculative" (draftsmith's loops on `backend`), the same two with
+    an "_hf" suffix (on the models' own forward), "hf_assisted" (transformers' assisted generation).
+    """
     start = time.perf_counter()
+    if engine.endswith("_hf"):
+        engine, backend = engine[: -len("_hf")], "hf"
     if engine == "autoregressive":
-        out = autoregressive_generate(pair.target, prompt, max_new_tokens=max_new, eos_token_id=eos)
+        out = autoregressive_generate(pair.target, prompt, max_new_tokens=max_new, eos_token_id=eos, backend=backend)
         seq, stats = out.sequences, out.stats
     elif engine == "speculative":
-        out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_new, eos_token_id=eos)
+        out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_new, eos_token_id=eos,
+                                   backend=backend)
         seq, stats = out.sequences, out.stats
     else:  # HF assisted generation, constant K, no early stop on draft confidence
         seq, _ = hf_assisted_generate(pair.target, pair.draft, prompt, k, max_new, eos, pair.tokenizer.pad_token_id)
@@ -101,24 +115,30 @@ def run_engine(engine: str, pair, prompt: torch.Tensor, k: int, max_new: int, eo
 class ForwardClock:
     """Sums the wall time spent inside model forwards of the decode loops (CPU: no sync needed)."""
 
+    RUNNERS = (CachedModel, LeanModel)
+
     def __init__(self):
         self.seconds = 0.0
-        self._orig = CachedModel.forward
+        self._orig = {cls: cls.forward for cls in self.RUNNERS}
 
     def __enter__(self):
         clock = self
 
-        def timed(runner, input_ids, keep):
-            start = time.perf_counter()
-            out = clock._orig(runner, input_ids, keep)
-            clock.seconds += time.perf_counter() - start
-            return out
+        def timing(orig):
+            def timed(runner, input_ids, keep):
+                start = time.perf_counter()
+                out = orig(runner, input_ids, keep)
+                clock.seconds += time.perf_counter() - start
+                return out
+            return timed
 
-        CachedModel.forward = timed
+        for cls, orig in self._orig.items():
+            cls.forward = timing(orig)
         return self
 
     def __exit__(self, *exc):
-        CachedModel.forward = self._orig
+        for cls, orig in self._orig.items():
+            cls.forward = orig
 
 
 def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
@@ -128,7 +148,7 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
     prediction and the measured speedup see the same machine state.
     """
     for engine in engines:  # warm-up
-        run_engine(engine, pair, prompts[0], k, 8, eos)
+        run_engine(engine, pair, prompts[0], k, 8, eos, args.backend)
     rates = {e: [] for e in engines}
     costs = []
     spec_seconds, spec_forward_seconds = 0.0, 0.0
@@ -138,25 +158,32 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
         order = engines[rep % len(engines):] + engines[: rep % len(engines)]
         seconds = {e: 0.0 for e in engines}
         tokens = {e: 0 for e in engines}
-        costs.append(cost_ratios(pair.target, pair.draft, prompts[rep % len(prompts)], [k], repeats=10))
+        costs.append(cost_ratios(pair.target, pair.draft, prompts[rep % len(prompts)], [k], repeats=10,
+                                 backend=args.backend))
         for prompt in prompts:
             seqs = {}
             for engine in order:
                 with ForwardClock() as clock:
-                    seq, sec, stats = run_engine(engine, pair, prompt, k, args.max_new_tokens, eos)
+                    seq, sec, stats = run_engine(engine, pair, prompt, k, args.max_new_tokens, eos, args.backend)
                 if engine == "speculative" and pair.target.device.type == "cpu":
                     spec_seconds, spec_forward_seconds = spec_seconds + sec, spec_forward_seconds + clock.seconds
                 seqs[engine], seconds[engine] = seq, seconds[engine] + sec
                 tokens[engine] += seq.shape[1] - prompt.shape[1]
                 if engine == "speculative" and rep == 0:
                     spec_stats.append(stats)
+                    backends = {"target": stats.backend, "draft": stats.draft_backend}
             for engine in equal:
                 equal[engine] &= torch.equal(seqs[engine].cpu(), seqs["autoregressive"].cpu())
         for e in engines:
             rates[e].append(tokens[e] / seconds[e])
     tps = {e: statistics.median(v) for e, v in rates.items()}
+
+    def ratio(a: str, b: str) -> float | None:
+        return tps[a] / tps[b] if a in tps and b in tps else None
+
     return {
         "k": k,
+        "backend": backends,
         "c": statistics.median(c["c"][k] for c in costs),
         "c_v": statistics.median(c["c_v"][k] for c in costs),
         "c_isolated": statistics.median(c["c_isolated"] for c in costs),
@@ -168,9 +195,14 @@ def bench_k(pair, prompts, k: int, args, eos, engines: list[str]) -> dict:
         "tokens_per_s": tps,
         "tokens_per_s_all_repeats": rates,
         "outputs_equal_to_autoregressive": equal,
-        "speedup_vs_autoregressive": tps["speculative"] / tps["autoregressive"],
-        "speculative_vs_hf_assisted": tps["speculative"] / tps["hf_assisted"] if "hf_assisted" in tps else None,
-        "hf_assisted_vs_autoregressive": tps["hf_assisted"] / tps["autoregressive"] if "hf_assisted" in tps else None,
+        "speedup_vs_autoregressive": ratio("speculative", "autoregressive"),
+        "speculative_vs_hf_assisted": ratio("speculative", "hf_assisted"),
+        "hf_assisted_vs_autoregressive": ratio("hf_assisted", "autoregressive"),
+        # the split: the same loop on the HF forward vs HF assisted (the loop's share of the gain),
+        # and plain decoding on the chosen backend vs on the HF forward (the forward's share)
+        "speculative_hf_forward_vs_hf_assisted": ratio("speculative_hf", "hf_assisted"),
+        "speedup_vs_autoregressive_hf_forward": ratio("speculative_hf", "autoregressive_hf"),
+        "autoregressive_vs_autoregressive_hf_forward": ratio("autoregressive", "autoregressive_hf"),
         **acceptance_summary(k, spec_stats),
     }
 
@@ -189,6 +221,8 @@ def main(argv=None) -> dict:
     prompts = [p.to(args.device) for p in get_prompts(args, pair.tokenizer)]
     eos = pair.eos_token_id
     engines = ["autoregressive", "speculative"] + ([] if args.no_hf else ["hf_assisted"])
+    if args.backend != "hf":
+        engines += ["autoregressive_hf", "speculative_hf"]
 
     results = []
     for k in args.k:

@@ -1,0 +1,153 @@
+"""The lean cached forward (decode/lean.py) computes exactly the HF model's logits, and refuses what it does not cover."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from conftest import make_model, perturbed_copy, prompts
+from decode import autoregressive_generate, speculative_generate
+from decode.cache import CachedModel
+from decode.lean import LeanModel, lean_unsupported, make_runner
+from decode.timing import cost_ratios
+
+V = 64
+
+
+def _llama(**extra):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, **extra)
+    return LlamaForCausalLM(config).eval()
+
+
+def _qwen3():
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _mistral():
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=1, max_position_embeddings=256, sliding_window=None)
+    return MistralForCausalLM(config).eval()
+
+
+MODELS = {
+    "llama-gqa": lambda: make_model("llama", vocab_size=V),
+    "qwen2-bias": lambda: make_model("qwen2", vocab_size=V),
+    "qwen3-qk-norm": _qwen3,
+    "mistral-mqa": _mistral,
+    "llama-bias-llama3-rope": lambda: _llama(attention_bias=True, mlp_bias=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "llama-bf16": lambda: _llama().to(torch.bfloat16),
+}
+
+# (tokens fed, logits kept) or ("crop", length): prefill, single steps, a verify block, rollbacks,
+# and enough tokens to outgrow the initial capacity of 16 (the buffers are reallocated).
+SCRIPT = [(0, 9, 2), (9, 10, 1), (10, 15, 5), ("crop", 12), (12, 13, 1), (13, 18, 5), ("crop", 13),
+          (13, 30, 3), (30, 31, 1), ("crop", 29), (29, 34, 5)]
+
+
+@pytest.mark.parametrize("block_product", ["weight-first", "as-nn-linear"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_lean_logits_equal_hf_logits(name, block_product):
+    """Bitwise equal with nn.Linear's product for blocks (the non-CPU path); equal up to float
+    rounding with the CPU's W @ x^T block product."""
+    model = MODELS[name]()
+    assert lean_unsupported(model) is None
+    ids = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    hf, lean = CachedModel(model), LeanModel(model, capacity=16)
+    assert lean.block_as_weight_product  # CPU default
+    lean.block_as_weight_product = block_product == "weight-first"
+    with torch.inference_mode():
+        for step in SCRIPT:
+            if step[0] == "crop":
+                hf.crop(step[1])
+                lean.crop(step[1])
+                assert len(lean) == len(hf) == step[1]
+                continue
+            a, b, keep = step
+            ref, got = hf.forward(ids[:, a:b], keep), lean.forward(ids[:, a:b], keep)
+            assert got.shape == ref.shape == (keep, V)
+            assert got.dtype == ref.dtype
+            # float rounding: a block's keys/values feed the later steps too; bf16 rounds at 2^-8
+            rounding = dict(rtol=2e-2, atol=2e-2) if ref.dtype == torch.bfloat16 else {}
+            tol = rounding if lean.block_as_weight_product else dict(rtol=0, atol=0)
+            torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{name} after {step}: {m}")
+            assert len(lean) == len(hf) == b
+    assert lean.capacity >= 34 and lean.forwards == hf.forwards == 8
+
+
+def test_unsupported_models_are_named_and_auto_falls_back():
+    gpt2 = make_model("gpt2")
+    assert "gpt2" in lean_unsupported(gpt2)
+    assert isinstance(make_runner(gpt2, "auto"), CachedModel)
+    assert isinstance(make_runner(gpt2, "hf"), CachedModel)
+    with pytest.raises(ValueError, match="does not cover this model: model type 'gpt2'.*backend='hf'"):
+        make_runner(gpt2, "lean")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        make_runner(gpt2, "fast")
+
+    llama = make_model("llama")
+    assert isinstance(make_runner(llama, "auto"), LeanModel)
+    assert isinstance(make_runner(llama, "hf"), CachedModel)
+
+    sliding = make_model("qwen2")
+    sliding.config.layer_types = ["sliding_attention", "full_attention"]
+    assert "sliding" in lean_unsupported(sliding)
+
+    hooked = make_model("llama")
+    handle = hooked.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert "hooks" in lean_unsupported(hooked)
+    handle.remove()
+    assert lean_unsupported(hooked) is None
+
+    quantized = make_model("llama")
+    quantized.model.layers[1].self_attn.o_proj = torch.nn.Sequential(quantized.model.layers[1].self_attn.o_proj)
+    assert "layer 1 self_attn.o_proj is Sequential" in lean_unsupported(quantized)
+
+
+def test_a_lora_wrapped_draft_is_not_run_lean():
+    """LoRA deltas live outside the base weights: running the base weights would silently drop them."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(make_model("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert lean_unsupported(model) is not None
+    assert lean_unsupported(model.base_model.model) is not None  # the inner model holds lora.Linear layers
+    assert isinstance(make_runner(model, "auto"), CachedModel)
+    merged = model.merge_and_unload()
+    assert lean_unsupported(merged) is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_both_backends_give_the_same_decodes_and_say_which_ran(arch):
+    target = make_model(arch, seed=0)
+    draft = perturbed_copy(target, 0.15)
+    for p in prompts(6, seed=5):
+        outs = {}
+        for backend in ("lean", "hf"):
+            plain = autoregressive_generate(target, p, max_new_tokens=16, backend=backend)
+            spec = speculative_generate(target, draft, p, k=3, max_new_tokens=16, backend=backend)
+            sampled = speculative_generate(target, draft, p, k=3, max_new_tokens=16, temperature=1.0, backend=backend,
+                                           generator=torch.Generator().manual_seed(1))
+            assert plain.stats.backend == spec.stats.backend == spec.stats.draft_backend == backend
+            assert torch.equal(plain.sequences, spec.sequences)
+            outs[backend] = (plain.sequences, sampled.sequences, spec.stats.accepted)
+        assert torch.equal(outs["lean"][0], outs["hf"][0])
+        assert torch.equal(outs["lean"][1], outs["hf"][1])  # same logits, same seed: the same samples
+        assert outs["lean"][2] == outs["hf"][2]
+    mixed = speculative_generate(target, make_model("gpt2"), prompts(1)[0], k=2, max_new_tokens=4)
+    assert (mixed.stats.backend, mixed.stats.draft_backend) == ("lean", "hf")
+
+
+def test_cost_ratios_time_the_requested_backend():
+    target, draft = make_model("llama", seed=0, layers=2), make_model("llama", seed=1, layers=1)
+    context = prompts(1, seed=2, min_len=8, max_len=8)[0]
+    for backend in ("lean", "hf"):
+        costs = cost_ratios(target, draft, context, [2], repeats=2, backend=backend)
+        assert costs["target_step_s"] > 0 and costs["c"][2] > 0 and costs["c_v"][2] > 0
+    with pytest.raises(ValueError, match="backend must be one of"):
+        cost_ratios(target, draft, context, [2], repeats=1, backend="nope")
