@@ -154,7 +154,8 @@ def speculative_generate(
     :func:`autoregressive_generate`); ``stats.backend`` / ``stats.draft_backend`` say which ran.
     Their logit widths may differ (padded embedding tables, as in Qwen): both distributions are
     then taken over the shared range ``[0, min(V_target, V_draft))``, which holds every real
-    token of the tokenizer, so a padded id that one model cannot embed is never produced. Stats are :class:`SpeculativeStats`.
+    token of the tokenizer, so a padded id that one model cannot embed is never produced. Stats are
+    :class:`SpeculativeStats`.
 
     Steps of a round, with n tokens known and r new tokens still allowed:
         1. k_r = min(k, r - 1) so that the round can never overshoot ``max_new_tokens``;

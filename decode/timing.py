@@ -36,6 +36,15 @@ def _timed(runner: CachedModel | LeanModel, tokens: torch.Tensor, restore: int) 
     return seconds
 
 
+def mid_decode_context(prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """`prompt` [1, P] extended to the mean context length of a decode of `max_new_tokens`: P + max_new // 2.
+
+    Attention makes a forward's cost grow with the context, so costs timed at the bare prompt
+    understate the decode's. Token values do not change the cost: the last prompt token is repeated.
+    """
+    return torch.cat([prompt, prompt[:, -1:].repeat(1, max_new_tokens // 2)], dim=1)
+
+
 @torch.inference_mode()
 def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20, backend: str = "auto") -> dict:
     """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).

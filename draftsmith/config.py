@@ -81,11 +81,13 @@ class MethodConfig:
 
 @dataclass
 class DecodeConfig:
-    """Sampling knobs of the sampling (temperature > 0) eval cells, applied to target and draft alike."""
+    """How eval decodes: the sampling knobs of the temperature > 0 cells (target and draft alike) and
+    the cached-forward backend of both loops (decode/lean.py)."""
 
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    backend: str = "auto"  # cached forward of the decode loops: auto (lean where it covers the model), lean, hf
 
 
 @dataclass
@@ -184,6 +186,7 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError("data.prompts=demo only works with pair.target=demo: give data.prompts=FILE.jsonl "
                           "(or .parquet, a folder, a HF dataset id) for your target")
     _choice("pair.dtype", cfg.pair.dtype, ("float32", "bfloat16", "float16"))
+    _choice("decode.backend", cfg.decode.backend, ("auto", "lean", "hf"))
     _choice("method.method", cfg.method.method, ("full", "lora"))
     _choice("method.loss", cfg.method.loss, ("ce", "fkl", "rkl", "jsd", "tvd"))
     _choice("method.teacher", cfg.method.teacher, ("cached", "online"))

@@ -225,7 +225,8 @@ class Pipeline:
                 target=target, drafts=drafts, data_dir=str(self.out / "datagen"), out_dir=str(out), k=list(e.k),
                 temperature=list(e.temperature), max_new_tokens=e.max_new_tokens, max_prompts=e.max_prompts,
                 warmup=e.warmup, hf_ab=e.hf_ab, cost_repeats=e.cost_repeats, top_k=cfg.decode.top_k,
-                top_p=cfg.decode.top_p, seed=cfg.decode.seed, dtype=cfg.pair.dtype, device=cfg.pair.device))
+                top_p=cfg.decode.top_p, seed=cfg.decode.seed, backend=cfg.decode.backend, dtype=cfg.pair.dtype,
+                device=cfg.pair.device))
             log_eval(run, metrics)
 
         self._stage("eval", out, config_hash("eval", section, upstream), section, body)

@@ -62,12 +62,22 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
+def _backend_lines(metrics: dict) -> list[str]:
+    """Which cached forward ran the models: plain and speculative decoding used the same one."""
+    used = sorted({f"target {r['backend']['target']}, draft {r['backend']['draft']}"
+                   for r in metrics["records"] if "backend" in r})
+    if not used:
+        return []
+    return [f"Forward backend (`decode.backend={metrics['config'].get('backend', 'auto')}`, the same for plain and "
+            f"speculative decoding): {'; '.join(used)}.", ""]
+
+
 def write_report(metrics: dict, out: Path) -> None:
     """Write report.md and its plots into `out`."""
     plots = _plots(metrics, out)
     lines = ["# draftsmith eval report", "",
              f"{metrics['prompts']} held-out prompts, {metrics['config']['max_new_tokens']} new tokens, "
-             f"target `{metrics['config']['target']}`.", "", "## Summary", "",
+             f"target `{metrics['config']['target']}`.", "", *_backend_lines(metrics), "## Summary", "",
              "| draft | best K | speedup | acceptance rate | token acceptance | tokens / target step | greedy match |",
              "|---|---|---|---|---|---|---|"]
     for name, s in metrics["summary"].items():

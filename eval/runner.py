@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from decode import autoregressive_generate, speculative_generate
 from decode.artifacts import atomic_dir, provenance, write_json
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
-from decode.timing import cost_ratios
+from decode.timing import cost_ratios, mid_decode_context
 from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
 
 SCHEMA_VERSION = 1
@@ -45,6 +45,7 @@ class EvalConfig:
     top_k: int = 0  # sampling cells: the same top-k / top-p filters on target and draft
     top_p: float = 1.0
     seed: int = 0
+    backend: str = "auto"  # cached forward of both loops and of the cost timing (decode/lean.py)
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -57,6 +58,8 @@ class EvalConfig:
         bad_t = [t for t in self.temperature if not t >= 0]
         if not self.temperature or bad_t:
             raise ValueError(f"eval.temperature must be a non-empty list of values >= 0, got {self.temperature}")
+        if self.backend not in ("auto", "lean", "hf"):
+            raise ValueError(f"eval backend (decode.backend) must be auto, lean or hf, got {self.backend!r}")
         if self.max_new_tokens < 1 or self.max_prompts < 1:
             raise ValueError("eval.max_new_tokens and eval.max_prompts must be >= 1")
 
@@ -108,7 +111,7 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
     """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B)."""
     gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
     common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                  eos_token_id=eos, generator=gen)
+                  eos_token_id=eos, generator=gen, backend=cfg.backend)
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
         speculative_generate(target, draft, prompts[0], k=k, **{**common, "max_new_tokens": 8})
@@ -125,11 +128,13 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
                 seq, sec = hf_assisted_generate(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
                 hf_s += sec
                 hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
-    costs = cost_ratios(target, draft, prompts[0], [k], repeats=cfg.cost_repeats)
+    costs = cost_ratios(target, draft, mid_decode_context(prompts[0], cfg.max_new_tokens), [k],
+                        repeats=cfg.cost_repeats, backend=cfg.backend)
     record = cell_record(k, temperature, base_stats, spec_stats, costs["c"][k], costs["c_v"][k],
                          equal if temperature == 0 else None)
     out = asdict(record)
-    out.update(c=costs["c"][k], c_v=costs["c_v"][k])
+    out.update(c=costs["c"][k], c_v=costs["c_v"][k],
+               backend={"target": spec_stats[0].backend, "draft": spec_stats[0].draft_backend})
     if temperature == 0 and cfg.hf_ab:
         tokens = sum(s.new_tokens for s in base_stats)
         out["hf_assisted"] = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal,
@@ -142,7 +147,8 @@ def run(cfg: EvalConfig) -> dict:
 
     metrics.json: {"schema_version", "config", "prompts" (count), "eval_set" (hash of target, prompts
     and grid: equal hashes mean comparable numbers), "records": [one per draft x K x temperature, with
-    "draft", every CellRecord field, "c", "c_v", and "hf_assisted" for greedy cells],
+    "draft", every CellRecord field, "c", "c_v", "backend" (the cached forward that ran target and
+    draft: "lean" or "hf") and "hf_assisted" for greedy cells],
     "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
     "mean_accepted_tokens", "greedy_match"} at best K of the lowest temperature}, "warnings": [...],
     "provenance"}.

@@ -42,6 +42,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
                     "speedup", "predicted_speedup", "baseline", "speculative", "c", "c_v"):
             assert key in rec, key
         assert len(rec["per_position_acceptance"]) == rec["k"]
+        assert rec["backend"] == {"target": "lean", "draft": "lean"}  # llama pair, decode.backend=auto
         assert {"ttft_ms", "tpot_ms", "tokens_per_s"} <= rec["baseline"].keys() == rec["speculative"].keys()
         if rec["temperature"] == 0:
             assert rec["greedy_match"] == 1.0 and rec["hf_assisted"]["outputs_equal"]
@@ -53,14 +54,26 @@ def test_eval_writes_full_schema_report_and_plots(setup):
     assert any("base" in w for w in metrics["warnings"])  # a random draft: acceptance < 0.5
     report = (out / "report.md").read_text()
     assert "| trained |" in report and "⚠" in report
+    assert ("Forward backend (`decode.backend=auto`, the same for plain and speculative decoding): "
+            "target lean, draft lean.") in report
     pngs = sorted(out.glob("*.png"))
     assert [p.name for p in pngs] == ["acceptance_vs_k.png", "drafts_compared.png", "per_position_acceptance.png",
                                       "speedup_vs_k.png"]
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in pngs)
 
 
+def test_eval_on_the_hf_forward(setup):
+    out = setup / "out-hf"
+    metrics = run(EvalConfig(target=str(setup / "target"), drafts={"trained": str(setup / "trained")},
+                             data_dir=str(setup / "data"), out_dir=str(out), k=[2], max_new_tokens=8, max_prompts=2,
+                             cost_repeats=1, hf_ab=False, backend="hf"))
+    assert [r["backend"] for r in metrics["records"]] == [{"target": "hf", "draft": "hf"}]
+    assert metrics["summary"]["trained"]["greedy_match"] == 1.0
+    assert "target hf, draft hf" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize("kwargs, match", [(dict(k=[0, 2]), "eval.k"), (dict(temperature=[-0.5]), "eval.temperature"),
-                                           (dict(drafts={}), "eval.drafts")])
+                                           (dict(drafts={}), "eval.drafts"), (dict(backend="fast"), "decode.backend")])
 def test_bad_grid_is_a_clear_error(kwargs, match):
     base = dict(target="t", drafts={"d": "d"}, data_dir="x", out_dir="o")
     with pytest.raises(ValueError, match=match):

@@ -21,7 +21,7 @@ def setup(arch):
 
 
 @pytest.mark.parametrize("draft_name", DRAFTS)
-def test_greedy_matches_target_for_every_k(setup, draft_name):
+def test_greedy_matches_target_for_every_k(setup, arch, draft_name):
     target, drafts, ps, refs = setup
     alphas = []
     for p, ref in zip(ps, refs):
@@ -30,6 +30,8 @@ def test_greedy_matches_target_for_every_k(setup, draft_name):
             out = speculative_generate(target, drafts[draft_name], p, k=k, max_new_tokens=MAX_NEW)
             assert torch.equal(out.sequences, ref), f"k={k} prompt={p.tolist()}"
             assert out.stats.new_tokens == MAX_NEW
+            # llama / qwen2 run the lean forward (decode/lean.py), gpt2 the HF one: both paths covered
+            assert out.stats.backend == out.stats.draft_backend == ("hf" if arch == "gpt2" else "lean")
             alphas.append(out.stats.acceptance_rate)
     alpha = sum(alphas) / len(alphas)
     expected = {"same": (0.99, 1.0), "random": (0.0, 0.1), "partial": (0.2, 0.9)}[draft_name]

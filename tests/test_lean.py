@@ -1,4 +1,4 @@
-"""The lean cached forward (decode/lean.py) computes exactly the HF model's logits, and refuses what it does not cover."""
+"""The lean cached forward (decode/lean.py) computes the HF model's logits, and refuses what it does not cover."""
 
 import pytest
 import torch
@@ -29,8 +29,9 @@ def _qwen3():
 
 def _mistral():
     torch.manual_seed(0)
-    config = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=1, max_position_embeddings=256, sliding_window=None)
+    config = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                           sliding_window=None)
     return MistralForCausalLM(config).eval()
 
 

@@ -98,6 +98,7 @@ def test_stage_subset_reads_upstream_outputs_and_errors_name_the_fix(pair, tmp_p
     ("eval.temperature=[-1.0]", "eval.temperature must be a non-empty list of values >= 0"),
     ("stages=[datagen,deploy]", "stages='deploy' is not one of"),
     ("method.loss=kl", "method.loss='kl' is not one of"),
+    ("decode.backend=fast", "decode.backend='fast' is not one of"),
     ("pair.target=/nonexistent/model", "/nonexistent/model"),
 ])
 def test_bad_config_fails_with_one_clear_line(pair, tmp_path, monkeypatch, capsys, override, message):

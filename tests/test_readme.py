@@ -106,4 +106,8 @@ def test_readme_bench_commands(pair, tmp_path, capsys):  # noqa: F811
                       pair, tmp_path)[1:]
     report = bench_decode.main(args + ["--k", "2", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1"])
     assert json.loads(capsys.readouterr().out)["results"][0]["k"] == 2
-    assert report["results"][0]["outputs_equal_to_autoregressive"] == {"speculative": True, "hf_assisted": True}
+    row = report["results"][0]
+    assert row["backend"] == {"target": "lean", "draft": "lean"}  # the tiny pair is Llama-style
+    assert row["outputs_equal_to_autoregressive"] == {"speculative": True, "hf_assisted": True,
+                                                      "autoregressive_hf": True, "speculative_hf": True}
+    assert row["speculative_vs_hf_assisted"] > 0 and row["loop_efficiency_tau"] > 0
