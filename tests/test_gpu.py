@@ -8,14 +8,36 @@ from decode import autoregressive_generate, speculative_generate
 
 
 @pytest.mark.gpu
-def test_greedy_matches_on_cuda():
+@pytest.mark.parametrize("backend", ["lean", "hf"])
+def test_greedy_matches_on_cuda(backend):
     target = make_model("llama", seed=0).to("cuda")
     draft = perturbed_copy(make_model("llama", seed=0), 0.15).to("cuda")
     for p in prompts(10, seed=2):
         p = p.to("cuda")
-        ref = autoregressive_generate(target, p, max_new_tokens=24).sequences
+        ref = target.generate(p, do_sample=False, max_new_tokens=24, pad_token_id=0)
+        assert torch.equal(autoregressive_generate(target, p, max_new_tokens=24, backend=backend).sequences, ref)
         for k in (1, 4, 7):
-            assert torch.equal(speculative_generate(target, draft, p, k=k, max_new_tokens=24).sequences, ref)
+            out = speculative_generate(target, draft, p, k=k, max_new_tokens=24, backend=backend)
+            assert torch.equal(out.sequences, ref) and out.stats.backend == backend
+
+
+@pytest.mark.gpu
+def test_lean_logits_match_hf_logits_on_cuda():
+    """Off CPU the lean forward multiplies blocks as nn.Linear does; CUDA's SDPA may still pick other
+    kernels than HF's call (GQA packing, causal flag vs mask), so: equal up to float rounding."""
+    from decode.cache import CachedModel
+    from decode.lean import LeanModel
+
+    model = make_model("qwen2", seed=0).to("cuda")
+    ids = torch.randint(4, 40, (1, 30), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    hf, lean = CachedModel(model), LeanModel(model, capacity=8)
+    assert not lean.block_as_weight_product
+    with torch.inference_mode():
+        for a, b, keep in ((0, 9, 2), (9, 10, 1), (10, 15, 5)):
+            torch.testing.assert_close(lean.forward(ids[:, a:b], keep), hf.forward(ids[:, a:b], keep), rtol=1e-5, atol=1e-4)
+        hf.crop(11)
+        lean.crop(11)
+        torch.testing.assert_close(lean.forward(ids[:, 11:30], 3), hf.forward(ids[:, 11:30], 3), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.gpu
