@@ -102,9 +102,10 @@ def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """F.linear for a block of T > 1 tokens [1, T, in] -> [1, T, out], computed as W @ x^T.
 
     On CPU (MKL), ``x @ W^T`` with a few rows repacks the whole weight and runs at half the speed
-    of a one-token product; ``W @ x^T`` streams the weight once. Measured on the demo target (T=5):
-    10.3 ms vs 22.1 ms for all its matrices (scripts/bench_decode.py records the end-to-end effect).
-    The sums are the same up to rounding order (~1e-6 relative).
+    of a one-token product; ``W @ x^T`` streams the weight once. On this project's 2-core CPU, for
+    random matrices of the demo target's shapes and T=5: 10.3 ms vs 22.1 ms for all of them; the
+    demo target's 5-token verify forward went from 25.6 to 18.4 ms (scripts/bench_decode.py,
+    BENCHMARKS.md). The sums are the same up to rounding order (~1e-6 relative).
     """
     out = torch.mm(weight, x[0].T).T  # [T, out]
     if bias is not None:
