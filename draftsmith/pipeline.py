@@ -313,6 +313,10 @@ def format_summary(summary: dict) -> str:
                          f"{s['best_k']:>6} {s['speedup']:>7.2f}x {match:>8}")
         lines.append("  alpha: acceptance rate (accepted / drafted); tau: tokens per target forward; "
                      "speedup: measured vs plain decoding at best K")
+        forwards = sorted({f"target {b['target']} / draft {b['draft']}"
+                           for b in (s.get("backend") for s in summary["drafts"].values()) if b})
+        if forwards:
+            lines.append(f"  forward: {'; '.join(forwards)} (decode.backend; plain decoding ran on the same)")
         for warning in summary.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
         lines.append(f"  report: {summary['report']}")

@@ -150,7 +150,7 @@ def run(cfg: EvalConfig) -> dict:
     "draft", every CellRecord field, "c", "c_v", "backend" (the cached forward that ran target and
     draft: "lean" or "hf") and "hf_assisted" for greedy cells],
     "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
-    "mean_accepted_tokens", "greedy_match"} at best K of the lowest temperature}, "warnings": [...],
+    "mean_accepted_tokens", "greedy_match", "backend"} at best K of the lowest temperature}, "warnings": [...],
     "provenance"}.
     """
     from eval.report import write_report
@@ -182,9 +182,11 @@ def run(cfg: EvalConfig) -> dict:
         mine = [r for n, r in cell_records if n == name and r.temperature == temp]
         kbest = best_k(mine)
         best = next(r for r in mine if r.k == kbest)
+        entry = next(r for r in records if r["draft"] == name and r["k"] == kbest and r["temperature"] == temp)
         summary[name] = {"best_k": kbest, "temperature": temp, "speedup": best.speedup,
                          "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
-                         "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match}
+                         "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match,
+                         "backend": entry["backend"]}
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
                "eval_set": eval_set_id(cfg, prompts),
                "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}

@@ -52,6 +52,8 @@ def test_pipeline_end_to_end_skips_by_hash_and_registers(pair, tmp_path, monkeyp
     assert set(summary["drafts"]) == {"trained", "base"}
     assert all(d["greedy_match"] == 1.0 for d in summary["drafts"].values())
     assert "trained" in printed and "base" in printed and "PROMOTED" in printed and "speculative-config" in printed
+    assert all(d["backend"] == {"target": "lean", "draft": "lean"} for d in summary["drafts"].values())
+    assert "forward: target lean / draft lean (decode.backend; plain decoding ran on the same)" in printed
     promotion = json.loads((out / "promote/promotion.json").read_text())
     assert promotion["promote"] and promotion["registry"]["version"] == 1
     reg = LocalRegistry(tmp_path / "registry")
