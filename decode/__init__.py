@@ -1,4 +1,5 @@
-"""The speculative decoding engine: model pairs, sampling, verification, KV-cache rollback, loops.
+"""The speculative decoding engine: model pairs, sampling, verification, KV-cache rollback, loops,
+and a lean cached forward for Llama-family models (decode/lean.py).
 
 No hydra, no wandb: plain functions on models and tensors.
 """

@@ -3,6 +3,9 @@
 Uses the transformers 5 Cache API: the forward takes ``cache=``, and ``DynamicCache.crop(-n)``
 drops the last n positions. Positions are derived by the model from the cache length, so after a
 crop the next forward continues at the right position without any bookkeeping here.
+
+This is the "hf" backend of the decode loops: any causal LM. decode/lean.py holds the "lean" one
+(Llama-family models, same interface) and the choice between them.
 """
 
 from __future__ import annotations
