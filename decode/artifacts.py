@@ -42,12 +42,17 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         raise
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON through a temporary file and a rename."""
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file through a temporary file and a rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write JSON through a temporary file and a rename."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def tokenizer_hash(tokenizer) -> str:

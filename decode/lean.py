@@ -138,10 +138,11 @@ class LeanModel:
         model: a model for which :func:`lean_unsupported` returns None, in eval mode.
         capacity: positions to preallocate (prompt + new tokens + k + 1 for a decode); the
             buffers double when a forward needs more.
+        check: run :func:`lean_unsupported` (False only where the caller just did, as make_runner).
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int = 256):
-        reason = lean_unsupported(model)
+    def __init__(self, model: torch.nn.Module, capacity: int = 256, check: bool = True):
+        reason = lean_unsupported(model) if check else None
         if reason is not None:
             raise ValueError(f"the lean forward does not cover this model: {reason}; use backend='hf'")
         self.model = model
@@ -229,9 +230,14 @@ def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 2
     covered, else hf)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "hf" or (backend == "auto" and lean_unsupported(model) is not None):
+    if backend == "hf":
         return CachedModel(model)
-    return LeanModel(model, capacity)
+    reason = lean_unsupported(model)  # walks every module: done once per runner
+    if reason is None:
+        return LeanModel(model, capacity, check=False)
+    if backend == "auto":
+        return CachedModel(model)
+    raise ValueError(f"the lean forward does not cover this model: {reason}; use backend='hf'")
 
 
 def runner_name(runner: LeanModel | CachedModel) -> str:

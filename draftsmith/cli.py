@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from draftsmith.config import ConfigError, DraftsmithConfig, register_schema, validate
+from draftsmith.config import ConfigError, DraftsmithConfig, register_schema, required_message, validate
 
 register_schema()
 
@@ -44,8 +44,7 @@ def run(cfg: DictConfig) -> dict:
 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        _fail(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required but not set: add "
-              + " ".join(f"{key}=..." for key in missing) + " to the command line")
+        _fail(required_message(missing, "to the command line"))
     obj: DraftsmithConfig = OmegaConf.to_object(cfg)
     try:
         validate(obj)

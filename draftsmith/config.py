@@ -20,6 +20,12 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and says what to do."""
 
 
+def required_message(keys: list[str], hint: str) -> str:
+    """'a, b are required but not set: add a=... b=... <hint>' (config validation and the CLI)."""
+    return (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} required but not set: add "
+            + " ".join(f"{key}=..." for key in keys) + f" {hint}")
+
+
 @dataclass
 class PairConfig:
     target: str = DEMO  # local dir or hub id; "demo" = the embedded demo target
@@ -112,6 +118,13 @@ class PromoteConfig:
     require_greedy_match: bool = True
     champion_margin: float = 0.02
 
+    def gates(self):
+        """The eval.gates.Gates of these thresholds (raises ValueError naming the promote.* key)."""
+        from eval.gates import Gates
+
+        return Gates(min_acceptance_rate=self.min_acceptance_rate, min_speedup=self.min_speedup,
+                     require_greedy_match=self.require_greedy_match, champion_margin=self.champion_margin)
+
 
 @dataclass
 class RegistryConfig:
@@ -178,8 +191,7 @@ def validate(cfg: DraftsmithConfig) -> None:
     if not cfg.data.prompts and {"datagen"} & set(cfg.stages):
         missing.append("data.prompts")
     if missing:
-        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required but not set: add "
-                          + " ".join(f"{key}=..." for key in missing) + " (a local path or a hub id)")
+        raise ConfigError(required_message(missing, "(a local path or a hub id)"))
     if cfg.pair.target != DEMO and cfg.pair.draft == DEMO:
         raise ConfigError("pair.draft=demo only works with pair.target=demo: give pair.draft=PATH_OR_ID for your target")
     if cfg.data.prompts == DEMO and cfg.pair.target != DEMO:
@@ -204,11 +216,7 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError(f"eval.temperature must be a non-empty list of values >= 0, got {list(cfg.eval.temperature)}")
     if not 0.0 < cfg.data.heldout_fraction < 1.0 and ("eval" in cfg.stages):
         raise ConfigError(f"data.heldout_fraction must be in (0, 1) for the eval stage, got {cfg.data.heldout_fraction}")
-    from eval.gates import Gates
-
-    p = cfg.promote
-    Gates(min_acceptance_rate=p.min_acceptance_rate, min_speedup=p.min_speedup,
-          require_greedy_match=p.require_greedy_match, champion_margin=p.champion_margin)  # raises naming the key
+    cfg.promote.gates()  # raises naming the key
     _choice("demo.preset", cfg.demo.preset, ("default", "tiny"))
     _choice("registry.kind", cfg.registry.kind, ("local", "wandb"))
     _choice("tracking.kind", cfg.tracking.kind, ("none", "wandb"))

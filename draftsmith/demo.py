@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from decode.artifacts import atomic_dir
+from decode.artifacts import atomic_dir, write_text
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -241,9 +241,7 @@ def write_domain_prompts(path: Path, tokenizer, n: int = 320, prompt_tokens: int
                          domain: tuple[str, ...] = DOMAIN_PACKAGES) -> Path:
     """Write `n` demo-domain prompts as JSONL ({"prompt": text}) to `path` (atomically); returns it."""
     prompts = demo_prompts(tokenizer, n, prompt_tokens, seed=seed, domain=domain)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n" for p in prompts))
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n" for p in prompts))
     return path
 
 

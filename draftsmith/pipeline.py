@@ -70,7 +70,7 @@ class Pipeline:
         return self.registry().find(self.cfg.promote.name, self.cfg.promote.alias)
 
     # -- stage bookkeeping ------------------------------------------------------------------
-    def _done(self, stage: str, out: Path, digest: str) -> bool:
+    def _done(self, out: Path, digest: str) -> bool:
         marker = out / "stage.json"
         if self.cfg.force or not marker.exists():
             return False
@@ -85,7 +85,7 @@ class Pipeline:
 
     def _stage(self, stage: str, out: Path, digest: str, section: dict, body, own_run: bool = True) -> None:
         self.hashes[stage] = digest
-        if self._done(stage, out, digest):
+        if self._done(out, digest):
             self.log(f"draftsmith: {stage}: up to date in {out} (config hash {digest}); skipped")
             self.ran[stage] = "skipped"
             return

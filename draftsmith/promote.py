@@ -14,7 +14,7 @@ from pathlib import Path
 
 from draftsmith.config import DraftsmithConfig
 from draftsmith.registry import LocalRegistry, fingerprint
-from eval.gates import Gates, decide
+from eval.gates import decide
 from eval.runner import load_metrics
 
 
@@ -30,8 +30,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     if not (draft_dir / "config.json").exists():
         raise FileNotFoundError(f"the evaluated draft {draft_dir} is gone (no config.json); re-run train and eval")
     p = cfg.promote
-    gates = Gates(min_acceptance_rate=p.min_acceptance_rate, min_speedup=p.min_speedup,
-                  require_greedy_match=p.require_greedy_match, champion_margin=p.champion_margin)
+    gates = p.gates()
     production = registry.find(p.name, p.alias)
     candidate_fp = fingerprint(draft_dir)
     base = {"name": p.name, "candidate_draft": str(draft_dir), "candidate_name": name,
@@ -48,8 +47,9 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     record = decide(summary[name], gates, champion)
     record.update(base)
     if production is not None and champion is None:
+        failed = [] if record["promote"] else record["reasons"]  # a passing record's reason is "all gates passed"
         record["promote"] = False
-        record["reasons"] = [r for r in record["reasons"] if not r.startswith("all gates passed")] + [
+        record["reasons"] = failed + [
             f"the {p.alias} draft v{production['version']} was not measured on this eval set, so the candidate cannot "
             "be compared with it: run eval with eval.compare_production=true"]
     if production is not None:
@@ -64,15 +64,15 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     if cfg.registry.kind == "wandb":
         from draftsmith.wandb_registry import link_model
 
-        record["registry"]["wandb"] = link_model(run.run if run is not None else None, registry.path(p.name, version["version"]), p.name,
-                                                 cfg.registry.collection, [p.alias], summary[name], registry.root,
-                                                 project=cfg.tracking.project, mode=cfg.tracking.mode,
-                                                 wandb_dir=cfg.tracking.dir or str(out_dir))
+        record["registry"]["wandb"] = link_model(
+            run.run if run is not None else None, registry.path(p.name, version["version"]), p.name,
+            cfg.registry.collection, [p.alias], summary[name], registry.root, project=cfg.tracking.project,
+            mode=cfg.tracking.mode, wandb_dir=cfg.tracking.dir or str(out_dir))
     return record
 
 
 def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
     path = registry.path(name, number)
     return {"kind": "local", "root": str(registry.root), "name": name, "version": number, "path": str(path),
-            "aliases": sorted(a for a, v in registry.aliases(name).items() if v == number),
+            "aliases": registry.aliases_of(name, number),
             "speculative_config": str(path / "speculative_config.json")}

@@ -81,6 +81,10 @@ class LocalRegistry:
         path = self._entry(name) / "aliases.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
+    def aliases_of(self, name: str, number: int) -> list[str]:
+        """The aliases pointing at version `number` of `name`, sorted."""
+        return sorted(a for a, v in self.aliases(name).items() if v == number)
+
     def resolve(self, name: str, ref: str | int) -> dict:
         """The version.json record of `ref`: a version number, "v3", or an alias such as "production"."""
         ref = str(ref)
@@ -115,9 +119,7 @@ class LocalRegistry:
             raise RegistryError(f"{draft_dir} is not a model directory (no config.json); pass the merged draft "
                                 "that the train stage wrote to DIR/train/draft")
         for alias in aliases:
-            if not ALIAS_RE.match(alias):
-                raise RegistryError(f"alias {alias!r} is not a valid alias (letters, digits, '_' and '-', starting "
-                                    "with a letter)")
+            _check_alias(alias)
         fp = fingerprint(draft_dir)
         with self._lock(name):
             existing = next((v for v in self.versions(name) if v["fingerprint"] == fp), None)
@@ -143,8 +145,7 @@ class LocalRegistry:
 
     def set_alias(self, name: str, alias: str, ref: str | int) -> dict:
         """Point `alias` at version `ref` of `name` (atomically); returns the new alias map."""
-        if not ALIAS_RE.match(alias):
-            raise RegistryError(f"alias {alias!r} is not a valid alias")
+        _check_alias(alias)
         with self._lock(name):
             number = self.resolve(name, ref)["version"]
             return self._set_alias_locked(name, alias, number)
@@ -184,6 +185,12 @@ class LocalRegistry:
         except Timeout as exc:
             raise RegistryError(f"could not lock {entry / '.lock'} within {self.lock_timeout_s:.0f} s: another "
                                 "promotion holds it; retry, or raise registry.lock_timeout_s") from exc
+
+
+def _check_alias(alias: str) -> None:
+    if not ALIAS_RE.match(alias):
+        raise RegistryError(f"alias {alias!r} is not a valid alias (letters, digits, '_' and '-', starting with a "
+                            "letter)")
 
 
 def format_versions(registry: LocalRegistry, name: str) -> str:

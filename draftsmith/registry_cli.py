@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "show":
             record = registry.resolve(args.name, args.ref)
             path = registry.path(args.name, record["version"])
-            shown = {**record, "aliases": sorted(a for a, v in registry.aliases(args.name).items()
-                                                 if v == record["version"]),
+            shown = {**record, "aliases": registry.aliases_of(args.name, record["version"]),
                      "speculative_config": json.loads((path / "speculative_config.json").read_text())}
             shown.pop("source", None)
             print(json.dumps(shown, indent=2))

@@ -16,6 +16,11 @@ from pathlib import Path
 from draftsmith.config import TrackingConfig
 
 
+def wandb_mode(mode: str | None) -> str:
+    """The W&B mode to run in: `mode` (tracking.mode), else $WANDB_MODE, else online."""
+    return mode or os.environ.get("WANDB_MODE") or "online"
+
+
 def _warn(what: str, exc: BaseException) -> None:
     print(f"draftsmith: W&B {what} failed ({type(exc).__name__}: {exc}); local outputs are unaffected",
           file=sys.stderr)
@@ -54,13 +59,9 @@ class Tracker:
         self.dir = Path(cfg.dir or out_dir)
         self.enabled = cfg.kind == "wandb"
 
-    @property
-    def mode(self) -> str:
-        return self.cfg.mode or os.environ.get("WANDB_MODE") or "online"
-
     def init_kwargs(self, stage: str) -> dict:
         return {"project": self.cfg.project, "entity": self.cfg.entity, "group": self.group, "job_type": stage,
-                "name": f"{self.group}-{stage}", "config": self.config, "dir": str(self.dir), "mode": self.mode,
+                "name": f"{self.group}-{stage}", "config": self.config, "dir": str(self.dir), "mode": wandb_mode(self.cfg.mode),
                 "reinit": "create_new"}
 
     @contextlib.contextmanager
@@ -116,6 +117,8 @@ def log_eval(run: StageRun, metrics: dict) -> None:
     try:
         import wandb
 
+        from eval.runner import best_record
+
         flat = {f"eval/{draft}/{key}": value for draft, summary in metrics["summary"].items()
                 for key, value in summary.items() if isinstance(value, (int, float))}
         columns = ["draft", "k", "temperature", "acceptance_rate", "token_acceptance", "mean_accepted_tokens",
@@ -123,8 +126,7 @@ def log_eval(run: StageRun, metrics: dict) -> None:
         table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in metrics["records"]])
         charts = {"eval/k_table": table}
         for draft, summary in metrics["summary"].items():
-            best = next(r for r in metrics["records"] if r["draft"] == draft and r["k"] == summary["best_k"]
-                        and r["temperature"] == summary["temperature"])
+            best = best_record(metrics, draft)
             bars = wandb.Table(columns=["position", "acceptance"],
                                data=[[i + 1, a] for i, a in enumerate(best["per_position_acceptance"])])
             charts[f"eval/{draft}/per_position_acceptance"] = wandb.plot.bar(

@@ -24,6 +24,12 @@ def _pending(root: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def _pending_lock(root: Path):
+    from filelock import FileLock
+
+    return FileLock(str(Path(root) / f"{PENDING}.lock"))
+
+
 def model_artifact(version_dir: Path, name: str, metadata: dict):
     import wandb
 
@@ -49,13 +55,13 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
     `run` is the promote stage's wandb run (a ``wandb.Run``), or None to open one just for this (``job_type`` promote)
     in `mode` (online / offline / disabled; None: $WANDB_MODE, else online), writing under `wandb_dir`.
     """
-    import os
-
     import wandb
 
+    from draftsmith.tracking import wandb_mode
+
     own = run is None
-    wb = wandb.init(project=project, job_type="promote", reinit="create_new",
-                    mode=mode or os.environ.get("WANDB_MODE") or "online", dir=wandb_dir) if own else run
+    wb = wandb.init(project=project, job_type="promote", reinit="create_new", mode=wandb_mode(mode),
+                    dir=wandb_dir) if own else run
     try:
         entry = {"version_dir": str(version_dir), "name": name, "collection": collection, "aliases": list(aliases),
                  "metadata": metadata}
@@ -63,7 +69,8 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
         try:
             status = _link(wb, Path(version_dir), name, collection, aliases, metadata)
         except NotImplementedError:
-            write_json(Path(root) / PENDING, _pending(root) + [entry])
+            with _pending_lock(root):  # sweep jobs promoting offline at once: no entry lost
+                write_json(Path(root) / PENDING, _pending(root) + [entry])
             print(f"draftsmith: W&B is offline, so the registry link of {name} to wandb-registry-model/{collection} is "
                   f"pending (recorded in {Path(root) / PENDING}); the artifact is logged for `wandb sync`. Run "
                   "`draftsmith-registry link-pending` online (or promote online) to complete it.", file=sys.stderr)
@@ -77,13 +84,14 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
 def complete_pending(run, root: Path) -> list[str]:
     """Link every pending version recorded under `root` (online run); returns the linked version dirs."""
     done, left = [], []
-    for entry in _pending(root):
-        try:
-            _link(run, Path(entry["version_dir"]), entry["name"], entry["collection"], entry["aliases"],
-                  entry["metadata"])
-            done.append(entry["version_dir"])
-        except NotImplementedError:
-            left.append(entry)
-    if done:
-        write_json(Path(root) / PENDING, left)
+    with _pending_lock(root):
+        for entry in _pending(root):
+            try:
+                _link(run, Path(entry["version_dir"]), entry["name"], entry["collection"], entry["aliases"],
+                      entry["metadata"])
+                done.append(entry["version_dir"])
+            except NotImplementedError:
+                left.append(entry)
+        if done:
+            write_json(Path(root) / PENDING, left)
     return done

@@ -182,7 +182,7 @@ def run(cfg: EvalConfig) -> dict:
         mine = [r for n, r in cell_records if n == name and r.temperature == temp]
         kbest = best_k(mine)
         best = next(r for r in mine if r.k == kbest)
-        entry = next(r for r in records if r["draft"] == name and r["k"] == kbest and r["temperature"] == temp)
+        entry = next(e for (_, r), e in zip(cell_records, records) if r is best)  # its metrics.json entry
         summary[name] = {"best_k": kbest, "temperature": temp, "speedup": best.speedup,
                          "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
                          "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match,
@@ -194,6 +194,13 @@ def run(cfg: EvalConfig) -> dict:
         write_json(tmp / "metrics.json", metrics)
         write_report(metrics, tmp)
     return metrics
+
+
+def best_record(metrics: dict, draft: str) -> dict:
+    """The metrics.json record of `draft`'s summary cell (its best K at the summary's temperature)."""
+    s = metrics["summary"][draft]
+    return next(r for r in metrics["records"]
+                if r["draft"] == draft and r["k"] == s["best_k"] and r["temperature"] == s["temperature"])
 
 
 def load_metrics(path: str | Path) -> dict:

@@ -6,15 +6,18 @@ import pytest
 
 from decode import load_pair, speculative_generate
 from draftsmith.demo import (
-    DemoSpec,
+    DOMAIN_PACKAGES,
+    PRESETS,
     DraftSpec,
     ModelSpec,
     build_demo_draft,
     build_demo_target,
     demo_prompts,
+    in_domain,
     read_texts,
     stdlib_files,
     train_tokenizer,
+    write_domain_prompts,
 )
 
 
@@ -27,8 +30,7 @@ def test_stdlib_files_exclude_tests_and_generated_tables():
 
 @pytest.mark.slow
 def test_tiny_demo_pair_builds_once_and_decodes(tmp_path):
-    spec = DemoSpec(vocab_size=300, seq_len=32, batch_size=4, target=ModelSpec(layers=1, hidden=32, heads=2, steps=3),
-                    base_draft=ModelSpec(layers=1, hidden=16, heads=2, steps=2))
+    spec = PRESETS["tiny"]
     target_dir = build_demo_target(spec, root=tmp_path, log=lambda m: None)
     draft_spec = DraftSpec(model=ModelSpec(layers=1, hidden=16, heads=2, steps=3), prompts=24, prompt_tokens=8,
                            max_new_tokens=6, batch_size=4)
@@ -49,9 +51,6 @@ def test_tiny_demo_pair_builds_once_and_decodes(tmp_path):
 
 
 def test_domain_prompts_come_from_domain_packages_only(tmp_path):
-
-    from draftsmith.demo import DOMAIN_PACKAGES, in_domain, write_domain_prompts
-
     files = stdlib_files()
     domain = [f for f in files if in_domain(f, DOMAIN_PACKAGES)]
     assert 0 < len(domain) < len(files) // 2

@@ -144,11 +144,19 @@ def test_both_backends_give_the_same_decodes_and_say_which_ran(arch):
     assert (mixed.stats.backend, mixed.stats.draft_backend) == ("lean", "hf")
 
 
-def test_cost_ratios_time_the_requested_backend():
+def test_cost_ratios_time_the_requested_backend(monkeypatch):
     target, draft = make_model("llama", seed=0, layers=2), make_model("llama", seed=1, layers=1)
     context = prompts(1, seed=2, min_len=8, max_len=8)[0]
-    for backend in ("lean", "hf"):
+    calls = []
+    for cls in (LeanModel, CachedModel):
+        def spy(self, input_ids, keep, _orig=cls.forward, _name=cls.__name__):
+            calls.append(_name)
+            return _orig(self, input_ids, keep)
+        monkeypatch.setattr(cls, "forward", spy)
+    for backend, runner in (("lean", "LeanModel"), ("hf", "CachedModel")):
+        calls.clear()
         costs = cost_ratios(target, draft, context, [2], repeats=2, backend=backend)
         assert costs["target_step_s"] > 0 and costs["c"][2] > 0 and costs["c_v"][2] > 0
+        assert calls and set(calls) == {runner}  # every timed forward ran on the requested backend
     with pytest.raises(ValueError, match="backend must be one of"):
         cost_ratios(target, draft, context, [2], repeats=1, backend="nope")

@@ -158,3 +158,29 @@ def test_wandb_mirror_offline_records_pending_link_and_online_completes_it(tmp_p
     out = wandb_registry.link_model(None, version_dir, "demo", "drafts", ["production"], {}, reg.root, mode="disabled")
     assert out["status"] == "disabled"
     assert wandb.run is None
+
+
+@pytest.mark.parametrize("min_speedup, gate_failures", [(1.1, 0), (5.0, 1)])
+def test_promote_rejects_when_the_production_draft_was_not_measured(tmp_path, min_speedup, gate_failures):
+    """A production draft exists but this eval did not measure it (eval.compare_production=false):
+    the candidate cannot be compared, so it is rejected with that reason, after any failed gates."""
+    from draftsmith.config import DraftsmithConfig
+    from draftsmith.promote import promote
+
+    reg = LocalRegistry(tmp_path / "reg")
+    reg.register("demo", fake_draft(tmp_path / "old", 1), metrics={}, promotion=PROMOTION, k=2)
+    candidate = fake_draft(tmp_path / "new", 2)
+    summary = {"trained": {"best_k": 4, "temperature": 0.0, "speedup": 1.5, "acceptance_rate": 0.7,
+                           "token_acceptance": 0.8, "mean_accepted_tokens": 3.0, "greedy_match": 1.0}}
+    (tmp_path / "run" / "eval").mkdir(parents=True)
+    (tmp_path / "run" / "eval" / "metrics.json").write_text(json.dumps(
+        {"schema_version": 1, "config": {"drafts": {"trained": str(candidate)}}, "records": [], "summary": summary}))
+    cfg = DraftsmithConfig()
+    cfg.promote.name, cfg.promote.min_speedup = "demo", min_speedup
+    record = promote(cfg, tmp_path / "run", reg)
+    assert record["promote"] is False and record["registry"] is None
+    assert len(record["reasons"]) == gate_failures + 1
+    assert (gate_failures == 0) == all("min_speedup" not in r for r in record["reasons"])
+    assert "v1 was not measured on this eval set" in record["reasons"][-1]
+    assert not any(r.startswith("all gates passed") for r in record["reasons"])
+    assert [v["version"] for v in reg.versions("demo")] == [1]

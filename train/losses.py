@@ -104,9 +104,10 @@ def topk_uniform_tail(topk_ids: torch.Tensor, topk_logp: torch.Tensor, vocab: in
     k = topk_ids.shape[-1]
     if vocab <= k:
         raise ValueError(f"vocab size {vocab} must exceed the number of cached log-probs {k}")
-    tail = (1.0 - topk_logp.exp().sum(-1, keepdim=True)).clamp(min=1e-12) / (vocab - k)  # [..., 1]
+    top = topk_logp.exp()
+    tail = (1.0 - top.sum(-1, keepdim=True)).clamp(min=1e-12) / (vocab - k)  # [..., 1]
     probs = tail.expand(*topk_ids.shape[:-1], vocab).clone()
-    probs.scatter_(-1, topk_ids, topk_logp.exp())
+    probs.scatter_(-1, topk_ids, top)
     return probs.log()
 
 
