@@ -201,11 +201,11 @@ def format_versions(registry: LocalRegistry, name: str) -> str:
     by_version: dict[int, list[str]] = {}
     for alias, number in sorted(registry.aliases(name).items()):
         by_version.setdefault(number, []).append(alias)
-    lines = [f"{'version':>7}  {'aliases':<20} {'best K':>6} {'speedup':>8} {'accept':>7}  created", ]
+    lines = [f"{'version':>7}  {'aliases':<20} {'best K':>6} {'speedup':>8} {'acc.rate':>8}  created", ]
     for v in versions:
         summary = v.get("summary") or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["created_at"]))
         lines.append(f"{'v' + str(v['version']):>7}  {','.join(by_version.get(v['version'], [])) or '-':<20} "
                      f"{v['best_k']:>6} {summary.get('speedup', float('nan')):>8.3f} "
-                     f"{summary.get('acceptance_rate', float('nan')):>7.3f}  {created}")
+                     f"{summary.get('acceptance_rate', float('nan')):>8.3f}  {created}")
     return "\n".join(lines)

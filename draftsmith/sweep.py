@@ -49,7 +49,7 @@ def collect(sweep_dir: str | Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| rank | job | overrides | draft | best K | speedup | acceptance | tau |",
+    lines = ["| rank | job | overrides | draft | best K | speedup | acceptance rate | tau |",
              "|---:|---|---|---|---:|---:|---:|---:|"]
     for i, r in enumerate(rows, 1):
         lines.append(f"| {i} | {r['job']} | `{r['overrides']}` | {r['draft']} | {r['best_k']} | {r['speedup']:.3f} | "

@@ -1,7 +1,15 @@
-"""The eval metrics of DESIGN.md, aggregated from decode stats: pure functions, no timing of their own.
+"""The eval metrics, aggregated from decode stats: pure functions, no timing of their own.
 
 One record describes one (draft, K, temperature) cell measured on a set of prompts, with plain
-(autoregressive) and speculative runs of the same prompts side by side.
+(autoregressive) and speculative runs of the same prompts side by side. One name per quantity,
+the same in metrics.json, report.md, the end-of-run table and the README (docs/ARCHITECTURE.md,
+"Metrics"):
+
+- ``acceptance_rate``: accepted / drafted draft tokens ("acceptance rate"; the promote gate's);
+- ``token_acceptance`` α: accepted / tested draft tokens ("token acceptance"), the α of the
+  speedup formula (1 - α^(K+1)) / ((1 - α)(K c + c_v)) in eval/theory.py;
+- ``expected_acceptance``: mean sum_x min(p, q) over drafted positions (sampling cells);
+- ``mean_accepted_tokens`` τ: new tokens per target verification forward.
 """
 
 from __future__ import annotations
@@ -15,14 +23,14 @@ from eval.theory import predicted_speedup
 
 @dataclass
 class CellRecord:
-    """Metrics of one (draft, K, temperature) cell; see DESIGN.md's metric table."""
+    """Metrics of one (draft, K, temperature) cell; the names are defined in the module docstring."""
 
     k: int
     temperature: float
-    acceptance_rate: float
-    token_acceptance: float
+    acceptance_rate: float  # accepted / drafted
+    token_acceptance: float  # α = accepted / tested, the α of predicted_speedup
     expected_acceptance: float | None  # mean sum min(p, q) over drafted positions (sampling cells)
-    mean_accepted_tokens: float
+    mean_accepted_tokens: float  # τ
     per_position_acceptance: list[float]
     speedup: float
     predicted_speedup: float
@@ -59,7 +67,7 @@ def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "token_acceptance": accepted / tested if tested else 0.0,
         "expected_acceptance": (sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0) if sampled else None,
-        "mean_accepted_tokens": sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
+        "mean_accepted_tokens": sum(s.round_tokens for s in spec) / rounds if rounds else 0.0,  # prefill token excluded
         "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_a, per_d)],
         "target_forwards": sum(s.target_forwards for s in spec),
         "draft_forwards": sum(s.draft_forwards for s in spec),

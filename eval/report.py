@@ -72,22 +72,29 @@ def _backend_lines(metrics: dict) -> list[str]:
             f"speculative decoding): {'; '.join(used)}.", ""]
 
 
+LEGEND = ("Acceptance rate: accepted / drafted draft tokens. Token acceptance α: accepted / tested draft tokens "
+          "(the drafted tokens after a rejection are never tested), the α of the predicted speedup "
+          "(1 − α^(K+1)) / ((1 − α)(K·c + c_v)). τ: tokens per target forward. Speedup: plain / speculative wall "
+          "time on the same prompts.")
+
+
 def write_report(metrics: dict, out: Path) -> None:
     """Write report.md and its plots into `out`."""
     plots = _plots(metrics, out)
     lines = ["# draftsmith eval report", "",
              f"{metrics['prompts']} held-out prompts, {metrics['config']['max_new_tokens']} new tokens, "
              f"target `{metrics['config']['target']}`.", "", *_backend_lines(metrics), "## Summary", "",
-             "| draft | best K | speedup | acceptance rate | token acceptance | tokens / target step | greedy match |",
+             "| draft | best K | speedup | acceptance rate | token acceptance α | tokens / target step τ | greedy match |",
              "|---|---|---|---|---|---|---|"]
     for name, s in metrics["summary"].items():
         gm = "—" if s["greedy_match"] is None else f"{s['greedy_match']:.2f}"
         lines.append(f"| {name} | {s['best_k']} | {s['speedup']:.2f} | {s['acceptance_rate']:.3f} | "
                      f"{s['token_acceptance']:.3f} | {s['mean_accepted_tokens']:.2f} | {gm} |")
+    lines += ["", LEGEND]
     if metrics["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in metrics["warnings"]]
     lines += ["", "## All cells", "",
-              "| draft | K | T | acceptance | α | τ | speedup | predicted | plain tok/s | spec tok/s | TTFT ms plain / spec | TPOT ms plain / spec | HF assisted tok/s |",
+              "| draft | K | T | acceptance rate | token acceptance α | τ | speedup | predicted | plain tok/s | spec tok/s | TTFT ms plain / spec | TPOT ms plain / spec | HF assisted tok/s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in metrics["records"]:
         hf = r.get("hf_assisted", {}).get("tokens_per_s")

@@ -6,8 +6,8 @@ decoding and draftsmith's speculative loop with the chosen forward backend (--ba
 auto: the lean forward of decode/lean.py where it covers the models), HF assisted generation, and
 -- unless the backend already is hf -- plain and speculative decoding on the models' own HF
 forward too, so that the gain splits into the loop's and the forward's; whether all outputs are
-identical (greedy), acceptance (share of drafted tokens accepted, and the per-token acceptance
-probability alpha over the tokens actually tested), tau, per-position acceptance, the measured
+identical (greedy), acceptance (the acceptance rate, accepted / drafted, and the token acceptance
+alpha, accepted / tested: the alpha of the formula below), tau, per-position acceptance, the measured
 cost ratios c and c_v (see decode/timing.py; timed at the mean context length of the decode),
 the predicted speedup (1 - alpha^(K+1)) / ((1 - alpha)(K c + c_v)), and loop efficiency =
 measured / predicted speedup of the decode phase (the prefill, the same for both engines, is
@@ -248,7 +248,8 @@ def main(argv=None) -> dict:
         row["loop_efficiency_tau"] = row["decode_speedup_vs_autoregressive"] / row["predicted_speedup_from_tau"]
         results.append(row)
         print(f"k={k}: spec {row['tokens_per_s']['speculative']:.1f} tok/s, "
-              f"ar {row['tokens_per_s']['autoregressive']:.1f}, alpha {row['acceptance_rate']:.3f}", file=sys.stderr)
+              f"ar {row['tokens_per_s']['autoregressive']:.1f}, acceptance rate {row['acceptance_rate']:.3f}, "
+              f"token acceptance {row['token_acceptance']:.3f}", file=sys.stderr)
     report = {
         "target": str(target_path), "draft": str(draft_path),
         "params": {"target": pair.target.num_parameters(), "draft": pair.draft.num_parameters()},

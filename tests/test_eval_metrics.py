@@ -70,3 +70,27 @@ def test_empty_cell_or_other_k_is_an_error():
         cell_record(3, 0.0, [], [], 0.1, 1.0)
     with pytest.raises(ValueError, match=r"k=\[2\] given for a cell with k=3"):
         cell_record(3, 0.0, [plain_stats(4, 1.0)], [spec_stats([(2, 2)], k=2)], 0.1, 1.0)
+
+
+def test_report_names_each_acceptance_quantity_once(tmp_path):
+    """report.md: "acceptance rate" is accepted / drafted, "token acceptance α" accepted / tested; no bare α column."""
+    from dataclasses import asdict
+
+    from eval.report import LEGEND, write_report
+
+    rec = cell_record(3, 0.0, [plain_stats(6, 4.0)], [spec_stats([(3, 3), (3, 1)])], 0.1, 1.2, outputs_equal=[True])
+    summary = {"best_k": 3, "temperature": 0.0, "speedup": rec.speedup, "acceptance_rate": rec.acceptance_rate,
+               "token_acceptance": rec.token_acceptance, "mean_accepted_tokens": rec.mean_accepted_tokens,
+               "greedy_match": rec.greedy_match}
+    metrics = {"prompts": 1, "config": {"max_new_tokens": 6, "target": "t"}, "summary": {"trained": summary},
+               "records": [{"draft": "trained", **asdict(rec)}], "warnings": []}
+    write_report(metrics, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    headers = [line for line in report.splitlines() if line.startswith("| draft |")]
+    assert len(headers) == 2
+    for header in headers:
+        cols = [c.strip() for c in header.strip("|").split("|")]
+        assert "acceptance rate" in cols and "token acceptance α" in cols
+        assert "α" not in cols and "acceptance" not in cols
+    assert LEGEND in report and "Token acceptance α: accepted / tested" in LEGEND
+    assert f"| {rec.acceptance_rate:.3f} | {rec.token_acceptance:.3f} |" in report  # 4/6 then 4/5
