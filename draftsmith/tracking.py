@@ -137,14 +137,22 @@ def log_eval(run: StageRun, metrics: dict) -> None:
         _warn("eval logging", exc)
 
 
+def model_artifact(version_dir: Path, name: str, metadata: dict):
+    """A W&B ``model`` artifact of a registry version: its merged ``draft/`` and ``speculative_config.json``."""
+    import wandb
+
+    artifact = wandb.Artifact(name=name, type="model", metadata=metadata)
+    artifact.add_dir(str(version_dir / "draft"), name="draft")
+    artifact.add_file(str(version_dir / "speculative_config.json"))
+    return artifact
+
+
 def log_draft_artifact(run: StageRun, version_dir: Path, name: str, summary: dict) -> None:
     """The promoted registry version as a W&B ``model`` artifact of the promote run (no registry link;
     ``registry=wandb`` links it)."""
     if run.run is None:
         return
     try:
-        from draftsmith.wandb_registry import model_artifact
-
         run.run.log_artifact(model_artifact(version_dir, name, summary))
     except Exception as exc:  # noqa: BLE001
         _warn("artifact logging", exc)

@@ -6,6 +6,9 @@ collection with the promotion aliases. W&B cannot link offline (``link_artifact`
 is recorded in ``<registry root>/wandb_pending_links.json``; the next online promotion (or
 ``draftsmith-registry link-pending``) re-logs those versions from the local registry (W&B dedupes
 identical files) and links them. ``WANDB_MODE=disabled`` makes every call a no-op.
+
+Imports go one way: this module uses draftsmith.tracking (the W&B mode, the artifact of a version);
+tracking never imports it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 
 from decode.artifacts import write_json
+from draftsmith.tracking import model_artifact, wandb_mode
 
 PENDING = "wandb_pending_links.json"
 
@@ -28,15 +32,6 @@ def _pending_lock(root: Path):
     from filelock import FileLock
 
     return FileLock(str(Path(root) / f"{PENDING}.lock"))
-
-
-def model_artifact(version_dir: Path, name: str, metadata: dict):
-    import wandb
-
-    artifact = wandb.Artifact(name=name, type="model", metadata=metadata)
-    artifact.add_dir(str(version_dir / "draft"), name="draft")
-    artifact.add_file(str(version_dir / "speculative_config.json"))
-    return artifact
 
 
 def _link(run, version_dir: Path, name: str, collection: str, aliases: list[str], metadata: dict) -> str:
@@ -56,8 +51,6 @@ def link_model(run, version_dir: Path, name: str, collection: str, aliases: list
     in `mode` (online / offline / disabled; None: $WANDB_MODE, else online), writing under `wandb_dir`.
     """
     import wandb
-
-    from draftsmith.tracking import wandb_mode
 
     own = run is None
     wb = wandb.init(project=project, job_type="promote", reinit="create_new", mode=wandb_mode(mode),
