@@ -32,7 +32,7 @@ class CellRecord:
     expected_acceptance: float | None  # mean sum min(p, q) over drafted positions (sampling cells)
     mean_accepted_tokens: float  # τ
     per_position_acceptance: list[float]
-    speedup: float
+    speedup: float  # plain / speculative wall time; 0.0 when no speculative time was measured
     predicted_speedup: float
     baseline: dict  # ttft_ms, tpot_ms, tokens_per_s of plain decoding
     speculative: dict  # the same for speculative decoding
@@ -105,13 +105,21 @@ def best_k(records: list[CellRecord]) -> int:
 
 
 def slowdown_warning(record: CellRecord) -> str | None:
-    """A warning when the draft would likely slow serving down (acceptance < 0.5 or speedup < 1)."""
-    reasons = []
+    """A warning when the draft would likely slow serving down, or None.
+
+    A measured speedup decides: warn when it is below 1, and never when it is 1 or more, whatever
+    the acceptance rate (a cheap draft can pay off at a low acceptance rate). Only when no speedup
+    was measured (``speedup`` None or 0: no timed speculative run) does the rule of thumb apply:
+    warn when the acceptance rate is below 0.5.
+    """
+    where = f"K={record.k}, temperature {record.temperature}: "
+    advice = "; consider turning speculation off or retraining it."
+    if record.speedup:
+        if record.speedup >= 1.0:
+            return None
+        return (where + f"measured speedup {record.speedup:.2f} < 1 (acceptance rate {record.acceptance_rate:.2f}): "
+                "this draft slowed decoding down here and would likely slow serving down" + advice)
     if record.acceptance_rate < 0.5:
-        reasons.append(f"acceptance rate {record.acceptance_rate:.2f} < 0.5")
-    if record.speedup < 1.0:
-        reasons.append(f"measured speedup {record.speedup:.2f} < 1")
-    if not reasons:
-        return None
-    return (f"K={record.k}, temperature {record.temperature}: " + " and ".join(reasons)
-            + ": this draft would likely make serving slower; consider turning speculation off or retraining it.")
+        return (where + f"no speedup measured; acceptance rate {record.acceptance_rate:.2f} < 0.5: this draft would "
+                "likely make serving slower" + advice)
+    return None

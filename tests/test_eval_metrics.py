@@ -57,12 +57,30 @@ def test_best_k_and_ties():
         best_k([])
 
 
-def test_slowdown_warning():
+def test_slowdown_warning_follows_the_measured_speedup():
     good = cell_record(3, 0.0, [plain_stats(4, 2.0)], [spec_stats([(3, 3)])], 0.1, 1.0)
     assert slowdown_warning(good) is None
     bad = cell_record(3, 0.0, [plain_stats(4, 0.5)], [spec_stats([(3, 0), (3, 1)])], 0.1, 1.0)
     msg = slowdown_warning(bad)
-    assert "acceptance rate 0.17 < 0.5" in msg and "speedup 0.25 < 1" in msg
+    assert "measured speedup 0.25 < 1" in msg and "acceptance rate 0.17" in msg
+    # the demo's sampled cell: acceptance rate 0.29, yet 1.36x measured: no warning contradicts it
+    cheap = cell_record(3, 0.7, [plain_stats(4, 1.36 * 2)], [spec_stats([(3, 0), (3, 1)])], 0.1, 1.0)
+    assert cheap.acceptance_rate < 0.5 and cheap.speedup == pytest.approx(1.36)
+    assert slowdown_warning(cheap) is None
+    # a speedup just below 1 with a high acceptance rate still warns
+    slow = cell_record(3, 0.0, [plain_stats(4, 0.9)], [spec_stats([(3, 3)])], 0.1, 1.0)
+    assert "measured speedup 0.90 < 1" in slowdown_warning(slow)
+
+
+def test_slowdown_warning_without_a_measured_speedup_uses_the_acceptance_rule():
+    unmeasured = spec_stats([(3, 0), (3, 1)])
+    unmeasured.total_s = 0.0  # no speculative time: cell_record reports speedup 0.0
+    rec = cell_record(3, 0.0, [plain_stats(4, 1.0)], [unmeasured], 0.1, 1.0)
+    assert rec.speedup == 0.0
+    assert "no speedup measured; acceptance rate 0.17 < 0.5" in slowdown_warning(rec)
+    high = spec_stats([(3, 3)])
+    high.total_s = 0.0
+    assert slowdown_warning(cell_record(3, 0.0, [plain_stats(4, 1.0)], [high], 0.1, 1.0)) is None
 
 
 def test_empty_cell_or_other_k_is_an_error():
