@@ -135,10 +135,38 @@ def test_non_finite_loss_stops_with_a_clear_message(pair_dirs, tmp_path, monkeyp
     assert trainer.latest_checkpoint(tmp_path / "train")[1] == 2
 
 
-def test_on_policy_batches_run(pair_dirs, tmp_path):
-    metrics = trainer.run(cfg(pair_dirs, tmp_path, on_policy_fraction=0.5, on_policy_max_new_tokens=6, steps=4,
-                              eval_every=4))
+def test_on_policy_batches_run(pair_dirs, tmp_path, monkeypatch):
+    """On-policy micro-batches are sampled from the draft and are the batches the loss is computed on."""
+    sampled, scored = [], []
+    real_sample, real_loss = trainer.on_policy_batch, trainer.batch_loss
+
+    def sample(*args, **kwargs):
+        sampled.append(real_sample(*args, **kwargs))
+        return sampled[-1]
+
+    def loss(cfg_, logits, batch, *rest):
+        scored.append(batch)
+        return real_loss(cfg_, logits, batch, *rest)
+
+    monkeypatch.setattr(trainer, "on_policy_batch", sample)
+    monkeypatch.setattr(trainer, "batch_loss", loss)
+    c = cfg(pair_dirs, tmp_path, on_policy_fraction=0.5, on_policy_max_new_tokens=6, steps=4, grad_accum=2,
+            eval_every=0)
+    metrics = trainer.run(c)
     assert len(metrics["history"]["train"]) == 4
+    # the loop's draw: micro-batch m is on-policy when rand(seed + m) < fraction (the same on every rank)
+    expected = sum(torch.rand(1, generator=torch.Generator().manual_seed(c.seed + m)).item() < 0.5 for m in range(8))
+    assert 0 < expected < 8  # this seed mixes both kinds, so the check below can fail either way
+    assert metrics["on_policy_batches"] == len(sampled) == expected
+    assert [h["on_policy_batches"] for h in metrics["history"]["train"]] == [
+        sum(torch.rand(1, generator=torch.Generator().manual_seed(c.seed + 2 * s + m)).item() < 0.5 for m in range(2))
+        for s in range(4)]
+    assert all(any(b is s for b in scored) for s in sampled)  # each sampled batch was trained on
+    for batch in sampled:  # prompt + up to 6 sampled tokens, scored on the sampled tokens only
+        assert all(batch.loss_mask[i].sum() <= 6 for i in range(len(batch.prompt_lens)))
+        assert batch.input_ids.shape[1] <= max(batch.prompt_lens) + 6
+    saved = json.loads((tmp_path / "train" / "train_metrics.json").read_text())
+    assert saved["on_policy_batches"] == expected
 
 
 def test_draft_from_config_is_random_init(pair_dirs, tmp_path):

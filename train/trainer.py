@@ -316,7 +316,7 @@ def run(cfg: TrainConfig) -> dict:
         accelerator.log(ev, step=0)
     started, tokens = time.perf_counter(), 0
     for step in bar:
-        step_metrics: dict[str, float] = {}
+        step_metrics: dict[str, float] = {"on_policy_batches": 0}  # micro-batches sampled from the draft
         for micro in range(cfg.grad_accum):
             global_micro = step * cfg.grad_accum + micro
             idx = batch_indices(len(train_rows), cfg.batch_size, global_micro, cfg.seed, rank, world)
@@ -326,6 +326,7 @@ def run(cfg: TrainConfig) -> dict:
                 torch.rand(1, generator=torch.Generator().manual_seed(cfg.seed + global_micro)).item() < cfg.on_policy_fraction)
             if on_policy:
                 batch = on_policy_batch(accelerator.unwrap_model(model), batch, cfg, pad_id, cfg.seed + global_micro)
+                step_metrics["on_policy_batches"] += 1
             with accelerator.accumulate(model):
                 s_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
                 t_logits = None
@@ -374,7 +375,8 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
     rank_checksums = accelerator.gather(checksum.to(accelerator.device)).tolist()
     metrics = {"history": history, "final": history["eval"][-1] if history["eval"] else {},
                "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "world_size": accelerator.num_processes,
-               "rank_param_checksums": rank_checksums}
+               "rank_param_checksums": rank_checksums,
+               "on_policy_batches": sum(h.get("on_policy_batches", 0) for h in history["train"])}
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(model)
         if cfg.method == "lora":
