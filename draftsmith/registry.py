@@ -13,8 +13,19 @@ Local layout (``root`` is ``registry.root`` in the config)::
 Rules: versions are never overwritten or deleted (a new version is written to a temporary
 directory and renamed into place under the lock); aliases move by rewriting ``aliases.json``
 through a rename; registering a draft whose files are byte-identical to an existing version's
-returns that version instead of creating another (its aliases are still moved as asked). The file
-lock makes concurrent promotions from many sweep jobs safe.
+returns that version instead of creating another (its aliases are still moved as asked).
+
+Concurrency: every change to a name happens under the name's file lock. A caller that must decide
+on what it reads (the promote stage: "does the candidate beat the current production?") does the
+read, the decision, the registration and the alias move inside one ``with
+registry.transaction(name) as tx:`` block, so nothing can change between the read and the write
+(compare-and-set). The lock is re-entrant within a thread, so ``register`` may be called inside a
+transaction of the same name.
+
+Targets: a version records the identity of the target it was evaluated against (``target`` in
+version.json: path, sha256 of its config.json, tokenizer hash; see :func:`target_identity`). The
+versions of one name belong to one target: registering a draft for another target raises
+:class:`RegistryError`. Versions written before identities were recorded have none (unknown).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +44,7 @@ from decode.artifacts import atomic_dir, write_json
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_HELD = threading.local()  # .depth: {lock file: depth} of the registry locks this thread holds
 
 
 class RegistryError(RuntimeError):
@@ -53,6 +66,70 @@ def fingerprint(draft_dir: str | Path) -> str:
 def speculative_config(draft_dir: str | Path, k: int) -> dict:
     """The vLLM ``--speculative-config`` for serving `draft_dir` as a separate draft model with K tokens."""
     return {"model": str(Path(draft_dir).resolve()), "method": "draft_model", "num_speculative_tokens": int(k)}
+
+
+def target_identity(target: str | Path) -> dict:
+    """What tells a target model apart, cheaply (no weight hashing, so fine for a 70B model).
+
+    Returns ``{"path", "config_sha256" (of config.json's bytes), "tokenizer" (decode.artifacts.tokenizer_hash)}``.
+    `target` is a local model directory or a hub id (read from the local HF cache). Two targets are the
+    same when config and tokenizer agree (:func:`same_target`); the path is recorded for messages only.
+    Limitation: two fine-tunes of one base model with identical config.json and tokenizer look the same.
+    """
+    from transformers.utils import cached_file
+
+    from decode.artifacts import tokenizer_hash
+    from decode.pair import load_tokenizer
+
+    local = Path(str(target)).expanduser()
+    try:
+        config = local / "config.json" if local.is_dir() else Path(cached_file(str(target), "config.json"))
+        config_bytes = config.read_bytes()
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"cannot identify the target {target}: its config.json cannot be read ({exc}); the eval's "
+                            "target (pair.target) must still exist when a draft is promoted") from exc
+    try:
+        tokenizer = load_tokenizer(str(target), "target")
+    except ValueError as exc:
+        raise RegistryError(f"cannot identify the target {target}: {exc}") from exc
+    return {"path": str(local.resolve()) if local.is_dir() else str(target),
+            "config_sha256": hashlib.sha256(config_bytes).hexdigest(), "tokenizer": tokenizer_hash(tokenizer)}
+
+
+def same_target(a: dict | None, b: dict | None) -> bool | None:
+    """True/False when both identities are known; None when either is (a version from before identities)."""
+    if not a or not b:
+        return None
+    return a["config_sha256"] == b["config_sha256"] and a["tokenizer"] == b["tokenizer"]
+
+
+def describe_target(identity: dict) -> str:
+    """``PATH (config 1a2b3c4d5e6f, tokenizer 0123abcd)`` for messages."""
+    return f"{identity['path']} (config {identity['config_sha256'][:12]}, tokenizer {identity['tokenizer']})"
+
+
+def target_mismatch(registry: "LocalRegistry", name: str, identity: dict | None) -> str | None:
+    """The one-line refusal when `name`'s versions are drafts for another target than `identity`, else None."""
+    known = registry.target(name)
+    if same_target(known, identity) is not False:
+        return None
+    return (f"registry {registry.root}: promote.name {name!r} holds drafts for target {describe_target(known)}, not "
+            f"for {describe_target(identity)}: use another promote.name or registry.root")
+
+
+def check_registry_target(registry: "LocalRegistry", name: str, alias: str, target_path: str | Path) -> None:
+    """Start-up check (before any work): raise RegistryError when `name` in `registry` holds drafts for
+    another target than `target_path` (pair.target). Nothing to check when `name` has no versions, or only
+    versions registered before target identities were recorded. `alias` (promote.alias) names the draft
+    the message points at when it has one."""
+    if registry.target(name) is None:
+        return
+    message = target_mismatch(registry, name, target_identity(target_path))
+    if message is not None:
+        production = registry.find(name, alias)
+        if production is not None:
+            message += f" ({alias} is v{production['version']})"
+        raise RegistryError(message)
 
 
 class LocalRegistry:
@@ -109,46 +186,46 @@ class LocalRegistry:
         """The directory of a version (``.../v<N>``)."""
         return self._entry(name) / f"v{self.resolve(name, ref)['version']}"
 
+    def target(self, name: str) -> dict | None:
+        """The target identity `name`'s drafts are for (from its versions), or None when unknown or new."""
+        return next((v["target"] for v in reversed(self.versions(name)) if v.get("target")), None)
+
     # -- writing ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self, name: str):
+        """``with registry.transaction(name) as tx:`` holds `name`'s lock for the block: what ``tx`` reads
+        cannot change until ``tx.register`` / ``tx.set_alias`` write (compare-and-set). Re-entrant within
+        a thread (another transaction or ``register`` of the same name inside the block does not deadlock)."""
+        with self._lock(name):
+            tx = RegistryTransaction(self, name)
+            try:
+                yield tx
+            finally:
+                tx.closed = True
+
     def register(self, name: str, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
-                 aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None) -> dict:
+                 aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
+                 target: dict | None = None) -> dict:
         """Add `draft_dir` as the next version of `name` (or find the identical existing one) and
-        point `aliases` at it. Returns the version record plus ``"created"`` (False when it existed)."""
+        point `aliases` at it. Returns the version record plus ``"created"`` (False when it existed).
+
+        `target` is the :func:`target_identity` of the target the draft was evaluated against; RegistryError
+        when `name`'s versions are for another target. To decide on the registry's state before
+        registering, use :meth:`transaction` instead."""
         draft_dir = Path(draft_dir)
-        if not (draft_dir / "config.json").exists():
-            raise RegistryError(f"{draft_dir} is not a model directory (no config.json); pass the merged draft "
-                                "that the train stage wrote to DIR/train/draft")
+        _check_model_dir(draft_dir)
         for alias in aliases:
             _check_alias(alias)
-        fp = fingerprint(draft_dir)
-        with self._lock(name):
-            existing = next((v for v in self.versions(name) if v["fingerprint"] == fp), None)
-            if existing is None:
-                # every v<N> directory counts, so a number is never reused even for a stray directory
-                number = max(self._numbers(name), default=0) + 1
-                final = self._entry(name) / f"v{number}"
-                record = {"name": name, "version": number, "fingerprint": fp, "created_at": time.time(),
-                          "best_k": int(k), "summary": promotion.get("candidate"), "source": source or {},
-                          "path": str(final.resolve())}
-                with atomic_dir(final) as tmp:
-                    shutil.copytree(draft_dir, tmp / "draft")
-                    write_json(tmp / "metrics.json", metrics)
-                    write_json(tmp / "promotion.json", promotion)
-                    write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
-                    write_json(tmp / "version.json", record)
-                existing = {**record, "created": True}
-            else:
-                existing = {**existing, "created": False}
-            for alias in aliases:
-                self._set_alias_locked(name, alias, existing["version"])
-        return existing
+        fp = fingerprint(draft_dir)  # hashed before taking the lock
+        with self.transaction(name) as tx:
+            return tx.register(draft_dir, metrics=metrics, promotion=promotion, k=k, aliases=aliases, source=source,
+                               target=target, draft_fingerprint=fp)
 
     def set_alias(self, name: str, alias: str, ref: str | int) -> dict:
         """Point `alias` at version `ref` of `name` (atomically); returns the new alias map."""
         _check_alias(alias)
-        with self._lock(name):
-            number = self.resolve(name, ref)["version"]
-            return self._set_alias_locked(name, alias, number)
+        with self.transaction(name) as tx:
+            return tx.set_alias(alias, ref)
 
     # -- internals --------------------------------------------------------------------------
     def _entry(self, name: str) -> Path:
@@ -168,9 +245,20 @@ class LocalRegistry:
 
     @contextlib.contextmanager
     def _lock(self, name: str):
+        """`name`'s file lock, re-entrant per thread (two FileLock objects on one file in one process would
+        block each other until the timeout)."""
         from filelock import FileLock, Timeout
 
         entry = self._entry(name)
+        key = str(entry.resolve() / ".lock")
+        depth = _HELD.__dict__.setdefault("depth", {})
+        if depth.get(key):
+            depth[key] += 1
+            try:
+                yield
+            finally:
+                depth[key] -= 1
+            return
         try:
             entry.mkdir(parents=True, exist_ok=True)
             probe = entry / f".write-test-{os.getpid()}"
@@ -181,10 +269,91 @@ class LocalRegistry:
                                 "to a directory you can write to") from exc
         try:
             with FileLock(str(entry / ".lock"), timeout=self.lock_timeout_s):
-                yield
+                depth[key] = 1
+                try:
+                    yield
+                finally:
+                    depth[key] = 0
         except Timeout as exc:
             raise RegistryError(f"could not lock {entry / '.lock'} within {self.lock_timeout_s:.0f} s: another "
                                 "promotion holds it; retry, or raise registry.lock_timeout_s") from exc
+
+
+class RegistryTransaction:
+    """Reads and writes of one registry name while its lock is held (from :meth:`LocalRegistry.transaction`)."""
+
+    def __init__(self, registry: LocalRegistry, name: str):
+        self.registry, self.name, self.closed = registry, name, False
+
+    def _open(self) -> LocalRegistry:
+        if self.closed:
+            raise RegistryError(f"the registry transaction on {self.name!r} has ended; use the tx object only inside "
+                                "its `with registry.transaction(name)` block")
+        return self.registry
+
+    def versions(self) -> list[dict]:
+        return self._open().versions(self.name)
+
+    def aliases(self) -> dict[str, int]:
+        return self._open().aliases(self.name)
+
+    def find(self, alias: str) -> dict | None:
+        return self._open().find(self.name, alias)
+
+    def resolve(self, ref: str | int) -> dict:
+        return self._open().resolve(self.name, ref)
+
+    def path(self, ref: str | int) -> Path:
+        return self._open().path(self.name, ref)
+
+    def target(self) -> dict | None:
+        return self._open().target(self.name)
+
+    def register(self, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
+                 aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
+                 target: dict | None = None, draft_fingerprint: str | None = None) -> dict:
+        """:meth:`LocalRegistry.register` inside this transaction; `draft_fingerprint`: fingerprint(draft_dir)
+        when the caller already has it (hashing a big draft outside the lock keeps the lock short)."""
+        reg, draft_dir = self._open(), Path(draft_dir)
+        _check_model_dir(draft_dir)
+        for alias in aliases:
+            _check_alias(alias)
+        mismatch = target_mismatch(reg, self.name, target)
+        if mismatch is not None:
+            raise RegistryError(mismatch)
+        fp = draft_fingerprint or fingerprint(draft_dir)
+        existing = next((v for v in self.versions() if v["fingerprint"] == fp), None)
+        if existing is None:
+            # every v<N> directory counts, so a number is never reused even for a stray directory
+            number = max(reg._numbers(self.name), default=0) + 1
+            final = reg._entry(self.name) / f"v{number}"
+            record = {"name": self.name, "version": number, "fingerprint": fp, "created_at": time.time(),
+                      "best_k": int(k), "summary": promotion.get("candidate"), "target": target,
+                      "source": source or {}, "path": str(final.resolve())}
+            with atomic_dir(final) as tmp:
+                shutil.copytree(draft_dir, tmp / "draft")
+                write_json(tmp / "metrics.json", metrics)
+                write_json(tmp / "promotion.json", promotion)
+                write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
+                write_json(tmp / "version.json", record)
+            existing = {**record, "created": True}
+        else:
+            existing = {**existing, "created": False}
+        for alias in aliases:
+            reg._set_alias_locked(self.name, alias, existing["version"])
+        return existing
+
+    def set_alias(self, alias: str, ref: str | int) -> dict:
+        """Point `alias` at version `ref`; returns the new alias map."""
+        _check_alias(alias)
+        number = self.resolve(ref)["version"]
+        return self._open()._set_alias_locked(self.name, alias, number)
+
+
+def _check_model_dir(draft_dir: Path) -> None:
+    if not (draft_dir / "config.json").exists():
+        raise RegistryError(f"{draft_dir} is not a model directory (no config.json); pass the merged draft "
+                            "that the train stage wrote to DIR/train/draft")
 
 
 def _check_alias(alias: str) -> None:

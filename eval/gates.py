@@ -21,12 +21,14 @@ class Gates:
             raise ValueError(f"promote.min_speedup must be > 0, got {self.min_speedup}")
 
 
-def decide(candidate: dict, gates: Gates, champion: dict | None = None) -> dict:
+def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion_label: str | None = None) -> dict:
     """The promotion decision for one candidate summary (eval metrics.json "summary" entry).
 
     Args:
         candidate: {"best_k", "speedup", "acceptance_rate", "greedy_match", ...} of the candidate.
-        champion: the same for the current production draft measured on the same eval set, or None.
+        champion: the same for the current production draft on the same eval set (measured beside the
+            candidate, or recorded when it was promoted), or None.
+        champion_label: how reasons name the champion, e.g. "production v3" (default: the production draft).
     Returns:
         {"promote": bool, "reasons": [...] (every failed gate, or why it passed), "gates": ...,
         "candidate": ..., "champion": ...}: what promotion.json records, accepted or not.
@@ -43,8 +45,9 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None) -> dict:
         failed.append(f"greedy_match {candidate['greedy_match']} != 1.0: speculative greedy output differed from plain "
                       "decoding, which points to a broken pair or engine")
     if champion is not None and candidate["speedup"] < champion["speedup"] + gates.champion_margin:
-        failed.append(f"speedup {candidate['speedup']:.3f} does not beat the production draft's "
+        failed.append(f"speedup {candidate['speedup']:.3f} does not beat {champion_label or 'the production draft'}'s "
                       f"{champion['speedup']:.3f} by the margin {gates.champion_margin}")
-    passed = ["all gates passed" + ("" if champion is None else f"; beats production ({champion['speedup']:.3f})")]
+    beats = f"; beats {champion_label or 'production'} ({champion['speedup']:.3f})" if champion is not None else ""
+    passed = ["all gates passed" + beats]
     return {"promote": not failed, "reasons": failed or passed, "gates": asdict(gates),
             "candidate": candidate, "champion": champion}

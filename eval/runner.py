@@ -87,12 +87,17 @@ def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
 
 
 def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
-    """A hash of what makes two evals comparable: target, prompts, lengths, grid and sampling knobs."""
+    """A hash of what makes two evals' speedups comparable: target, prompts, lengths, K grid, and the decode
+    settings that change speed or output (temperature, top-k/top-p, seed, forward backend, dtype, device).
+
+    The promote stage compares a candidate with a production draft's recorded figures only when the ids match.
+    """
     import hashlib
     import json
 
     blob = json.dumps({"target": cfg.target, "prompts": [p[0].tolist() for p in prompts], "max_new": cfg.max_new_tokens,
-                       "k": list(cfg.k), "temperature": list(cfg.temperature), "top_k": cfg.top_k, "top_p": cfg.top_p})
+                       "k": list(cfg.k), "temperature": list(cfg.temperature), "top_k": cfg.top_k, "top_p": cfg.top_p,
+                       "seed": cfg.seed, "backend": cfg.backend, "dtype": cfg.dtype, "device": cfg.device})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
