@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from decode.artifacts import atomic_dir, write_text
+from decode.progress import progress
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -180,7 +180,7 @@ def fit(model, rows: torch.Tensor, spec: ModelSpec, batch_size: int, seed: int, 
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps)))))
     model.train()
     losses = []
-    bar = tqdm(range(spec.steps), desc=desc, unit="step", dynamic_ncols=True)
+    bar = progress(range(spec.steps), desc=desc, unit="step")
     for _ in bar:
         batch = rows[torch.randint(0, rows.shape[0], (batch_size,), generator=gen)]  # [B, T]
         logits = model(input_ids=batch).logits[:, :-1].float()  # [B, T-1, V]

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from decode import autoregressive_generate, speculative_generate
 from decode.artifacts import atomic_dir, provenance, write_json
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
+from decode.progress import progress
 from decode.timing import cost_ratios, mid_decode_context
 from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
 
@@ -174,7 +174,7 @@ def run(cfg: EvalConfig) -> dict:
 
     records, cell_records, warnings = [], [], []
     cells = [(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
-    for name, k, temp in tqdm(cells, desc="eval", unit="cell", dynamic_ncols=True):
+    for name, k, temp in progress(cells, desc="eval", unit="cell"):
         record, entry = measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id)
         records.append({"draft": name, **entry})
         cell_records.append((name, record))

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from decode.artifacts import write_json
+from decode.progress import quiet_logs
 
 
 def latest_checkpoint(out_dir: Path) -> tuple[Path, int] | None:
@@ -34,7 +35,8 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, history: dict, keep: 
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    with quiet_logs("accelerate"):  # accelerate logs every file it saves at INFO
+        accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json(tmp / "state.json", {"step": step, "history": history})

@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from decode.pair import load_model, load_tokenizer
+from decode.progress import progress
 from train.prompts import PromptSource, prepare_prompts, read_prompts
 
 SCHEMA_VERSION = 1
@@ -113,7 +113,7 @@ def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig,
     """All completions for `prompts`, batched by similar length (less padding), returned in prompt order."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: dict[int, list[dict]] = {}
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True)
+    bar = progress(total=len(prompts), desc=desc, unit="prompt")  # rare whole lines when stderr is a log
     started, n_tokens = time.perf_counter(), 0
     for b in range(0, len(order), cfg.batch_size):
         idx = order[b : b + cfg.batch_size]

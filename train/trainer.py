@@ -254,7 +254,7 @@ def run(cfg: TrainConfig) -> dict:
     """Train the draft; returns the metrics written to ``train_metrics.json``."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+    from decode.progress import progress, quiet_logs
 
     from train.datagen import load_output
 
@@ -298,7 +298,8 @@ def run(cfg: TrainConfig) -> dict:
     start_step, history = 0, {"train": [], "eval": []}
     found = latest_checkpoint(out_dir) if cfg.resume else None
     if found is not None:
-        accelerator.load_state(str(found[0]))
+        with quiet_logs("accelerate"):  # no INFO line per loaded file
+            accelerator.load_state(str(found[0]))
         start_step, history = found[1], json.loads((found[0] / "state.json").read_text())["history"]
         accelerator.print(f"train: resuming from {found[0]} (step {start_step})")
     if accelerator.is_main_process and cfg.log_with:
@@ -308,8 +309,8 @@ def run(cfg: TrainConfig) -> dict:
     heldout_rows = [ds["heldout"][i] for i in range(min(cfg.eval_rows, len(ds["heldout"])))]
     with_topk = cfg.teacher == "cached" and "topk_ids" in train_rows.column_names
     rank, world = accelerator.process_index, accelerator.num_processes
-    bar = tqdm(range(start_step, cfg.steps), desc="train", unit="step", disable=not accelerator.is_main_process,
-               initial=start_step, total=cfg.steps, dynamic_ncols=True)
+    bar = progress(range(start_step, cfg.steps), desc="train", unit="step", disable=not accelerator.is_main_process,
+                   initial=start_step, total=cfg.steps)
     if cfg.eval_every and start_step == 0 and heldout_rows:  # the baseline before any update
         ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device)
         history["eval"].append({"step": 0, **ev})
