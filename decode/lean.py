@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from decode.cache import CachedModel
+from decode.errors import ConfigError
+from decode.settings import BACKENDS  # the choices of make_runner's backend
 
-BACKENDS = ("auto", "lean", "hf")
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -144,7 +145,7 @@ class LeanModel:
     def __init__(self, model: torch.nn.Module, capacity: int = 256, check: bool = True):
         reason = lean_unsupported(model) if check else None
         if reason is not None:
-            raise ValueError(f"the lean forward does not cover this model: {reason}; use backend='hf'")
+            raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
         self.model = model
         inner = model.model
         self.layers = [_Layer(layer) for layer in inner.layers]
@@ -237,7 +238,7 @@ def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 2
         return LeanModel(model, capacity, check=False)
     if backend == "auto":
         return CachedModel(model)
-    raise ValueError(f"the lean forward does not cover this model: {reason}; use backend='hf'")
+    raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
 
 
 def runner_name(runner: LeanModel | CachedModel) -> str:

@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from decode.errors import UserError
 
-class PairError(ValueError):
+
+class PairError(UserError, ValueError):
     """Target and draft cannot be used together; the message names both and what differs."""
 
 
@@ -109,10 +111,40 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
     return dtype
 
 
+def check_weight_files(name_or_path: str | Path, role: str = "model") -> None:
+    """Raise :class:`PairError` naming the file when a local model's ``*.safetensors`` file is damaged.
+
+    Reads each file's header only (8-byte length + JSON): the tensors' byte ranges must end exactly
+    at the end of the file, which a truncated download or copy breaks. Hub ids are not checked here.
+    """
+    import json
+    import struct
+
+    root = Path(name_or_path)
+    if not root.is_dir():
+        return
+    for path in sorted(root.glob("*.safetensors")):
+        size = path.stat().st_size
+        try:
+            with path.open("rb") as fh:
+                (header_len,) = struct.unpack("<Q", fh.read(8))
+                if header_len > size - 8:
+                    raise ValueError("header longer than the file")
+                header = json.loads(fh.read(header_len))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise PairError(f"the {role} weights file {path} is damaged (unreadable safetensors header: {exc}); "
+                            "download or copy the model again") from exc
+        if 8 + header_len + end != size:
+            raise PairError(f"the {role} weights file {path} is damaged: {size} bytes where its header describes "
+                            f"{8 + header_len + end} (truncated download or copy?); download or copy the model again")
+
+
 def load_model(name_or_path: str | Path, role: str = "model", dtype: torch.dtype | str = "auto",
                device: str | torch.device = "cpu") -> torch.nn.Module:
     """AutoModelForCausalLM.from_pretrained in eval mode on `device`; errors name the role and path."""
     name_or_path, dtype = str(name_or_path), resolve_dtype(dtype)
+    check_weight_files(name_or_path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     except (OSError, ValueError) as exc:

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from draftsmith.config import ConfigError, DraftsmithConfig, register_schema, required_message, validate
+from decode.errors import UserError
+from draftsmith.config import DraftsmithConfig, register_schema, required_message, validate
 
 register_schema()
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors whose message already says what is wrong and what to do: printed as one line."""
-    from decode.pair import PairError
-    from draftsmith.registry import RegistryError
-    from train.prompts import PromptError
-    from train.trainer import TrainingError
-
-    return (ConfigError, PairError, PromptError, RegistryError, TrainingError, FileNotFoundError, ValueError)
 
 
 def _fail(message: str) -> None:
@@ -35,32 +27,48 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _bug(exc: BaseException) -> None:
+    traceback.print_exception(exc)
+    print(f"draftsmith: internal error: {type(exc).__name__}: {exc}\nThis is a bug in draftsmith (or in a library it "
+          "calls), not a problem with your settings: please report it with the traceback above.", file=sys.stderr)
+    raise SystemExit(1)
+
+
 def run(cfg: DictConfig) -> dict:
-    """Validate `cfg`, run the pipeline, print the summary table; returns the summary."""
+    """Build and check `cfg`, run the pipeline, print the summary table; returns the summary.
+
+    A :class:`decode.errors.UserError` (bad settings or inputs: the message names the key or file)
+    prints as one line and exits 2; anything else is a bug: its traceback is printed (exit 1).
+    ``DRAFTSMITH_DEBUG=1`` re-raises user errors too, for their traceback.
+    """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-
-    from draftsmith.pipeline import Pipeline, format_summary
 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         _fail(required_message(missing, "to the command line"))
-    obj: DraftsmithConfig = OmegaConf.to_object(cfg)
     try:
+        obj: DraftsmithConfig = OmegaConf.to_object(cfg)  # each section checks its values here
         validate(obj)
-    except (ConfigError, ValueError) as exc:
-        _fail(str(exc))
-    hydra_cfg = HydraConfig.get()
-    out_dir = Path(obj.out_dir or hydra_cfg.runtime.output_dir)
-    # the jobs of a sweep share one datagen output per datagen config (most sweeps vary method/eval)
-    shared = str(Path(hydra_cfg.sweep.dir) / ".datagen") if hydra_cfg.mode == RunMode.MULTIRUN else None
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        summary = Pipeline(obj, out_dir, config_dict=resolved, datagen_cache=shared).run()
-    except _user_errors() as exc:
+        hydra_cfg = HydraConfig.get()
+        out_dir = Path(obj.out_dir or hydra_cfg.runtime.output_dir)
+        # the jobs of a sweep share one datagen output per datagen config (most sweeps vary method/eval)
+        shared = str(Path(hydra_cfg.sweep.dir) / ".datagen") if hydra_cfg.mode == RunMode.MULTIRUN else None
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        from draftsmith.pipeline import Pipeline, format_summary
+        from draftsmith.preflight import preflight
+
+        pipeline = Pipeline(obj, out_dir, config_dict=resolved, datagen_cache=shared)
+        preflight(pipeline)
+        summary = pipeline.run()
+    except UserError as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         _fail(f"{exc} (set DRAFTSMITH_DEBUG=1 for the traceback)")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - everything else is a bug: say so, with the traceback
+        _bug(exc)
     print(format_summary(summary))
     return summary
 

@@ -31,6 +31,7 @@ import torch
 
 from decode.artifacts import atomic_dir, write_text
 from decode.progress import progress
+from decode.errors import UserError
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -113,7 +114,8 @@ def stdlib_files() -> list[Path]:
         if not EXCLUDED_DIRS.intersection(p.relative_to(root).parts) and not p.name.startswith("_sysconfigdata")
     ]
     if not files:
-        raise RuntimeError(f"no standard-library source found under {root}; the demo needs the interpreter's .py files")
+        raise UserError(f"no standard-library source found under {root}; the demo needs the interpreter's .py files "
+                        "(install the full Python, not a minimal one without its library sources)")
     return sorted(files)
 
 
@@ -250,7 +252,6 @@ def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path
     from transformers import AutoTokenizer
 
     from train import datagen, trainer
-    from train.prompts import PromptSource
 
     spec = spec or DraftSpec()
     entry = (root or cache_root()) / f"demo-draft-{spec.key(Path(target_dir).parent.name)}"
@@ -263,7 +264,7 @@ def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path
         prompts = demo_prompts(tokenizer, spec.prompts, spec.prompt_tokens, seed=spec.seed)
         jsonl = tmp / "prompts.jsonl"
         jsonl.write_text("".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n" for p in prompts))
-        datagen.run(datagen.DatagenConfig(target=str(target_dir), prompts=PromptSource(str(jsonl)),
+        datagen.run(datagen.DatagenConfig(target=str(target_dir), prompts=str(jsonl), top_k_logprobs=0,
                                           out_dir=str(tmp / "datagen"), max_new_tokens=spec.max_new_tokens,
                                           batch_size=32, heldout_fraction=0.1, max_prompt_tokens=4 * spec.prompt_tokens))
         init = tmp / "init"

@@ -22,14 +22,23 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from decode.artifacts import atomic_dir, write_json
-from draftsmith.config import DEMO, DraftsmithConfig
+from decode.artifacts import atomic_dir, write_json, write_text
+from decode.pair import PairError, load_tokenizer
+from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
+from eval.settings import DecodeSettings, EvalSettings
+from train.prompts import PromptError, PromptFormat, PromptSource
+from train.settings import DatagenSettings, TrainSettings
 from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 
 
 def config_hash(*parts) -> str:
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def stage_digest(stage: str, section: dict, inputs: dict) -> str:
+    """The hash a stage's output is known by: its own config section and its inputs' hashes."""
+    return config_hash(stage, section, inputs)
 
 
 class Pipeline:
@@ -60,10 +69,41 @@ class Pipeline:
             self._pair = (target, draft)
         return self._pair
 
+    def prompts_path(self, target: str) -> str:
+        """``data.prompts``, with ``demo`` replaced by the demo domain prompts written into out_dir."""
+        prompts = self.cfg.data.prompts
+        if prompts != DEMO:
+            return prompts
+        from draftsmith.demo import write_domain_prompts
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        return str(write_domain_prompts(self.out / "demo_prompts.jsonl", load_tokenizer(target, "target"),
+                                        n=self.cfg.data.demo_prompts))
+
     def registry(self):
         from draftsmith.registry import LocalRegistry
 
         return LocalRegistry(self.cfg.registry.root, self.cfg.registry.lock_timeout_s)
+
+    def check_registry_target(self, target: str) -> None:
+        """Before any work: the registry entry ``promote.name`` holds drafts for this target (or none), and
+        the production draft that eval will measure shares the target's tokenizer."""
+        from draftsmith.registry import check_registry_target
+
+        registry, p = self.registry(), self.cfg.promote
+        check_registry_target(registry, p.name, p.alias, target)
+        prod = self.production()
+        if prod is not None and self.cfg.eval.compare_production:
+            from decode.pair import check_tokenizers
+
+            path = Path(prod["path"]) / "draft"
+            try:
+                check_tokenizers(load_tokenizer(target, "target"), load_tokenizer(path, "production draft"),
+                                 target, str(path))
+            except PairError as exc:
+                raise ConfigError(f"the {p.alias} draft of promote.name={p.name!r} in registry.root="
+                                  f"{self.cfg.registry.root} is not for this target ({exc}); use another "
+                                  "promote.name (or registry.root), or eval.compare_production=false") from exc
 
     def production(self) -> dict | None:
         """The registry's current production version record (None when there is none)."""
@@ -79,11 +119,12 @@ class Pipeline:
         except json.JSONDecodeError:
             return False
 
-    def _mark(self, stage: str, out: Path, digest: str, section: dict, started: float) -> None:
-        write_json(out / "stage.json", {"stage": stage, "hash": digest, "config": section,
-                                        "finished_at": time.time(), "seconds": time.time() - started})
-
-    def _stage(self, stage: str, out: Path, digest: str, section: dict, body, own_run: bool = True) -> None:
+    def _stage(self, stage: str, out: Path, section: dict, body, inputs: dict | None = None,
+               own_run: bool = True) -> None:
+        """Run `body` unless `out` holds this stage's output for `section` and `inputs` (upstream stage ->
+        hash); ``stage.json`` records both, so that a later run can tell a stale output (see `stale`)."""
+        inputs = inputs or {}
+        digest = stage_digest(stage, section, inputs)
         self.hashes[stage] = digest
         if self._done(out, digest):
             self.log(f"draftsmith: {stage}: up to date in {out} (config hash {digest}); skipped")
@@ -93,7 +134,8 @@ class Pipeline:
         started = time.time()
         with (self.tracker.stage(stage) if own_run else contextlib.nullcontext(StageRun())) as run:
             body(run)
-            self._mark(stage, out, digest, section, started)
+            write_json(out / "stage.json", {"stage": stage, "hash": digest, "config": section, "inputs": inputs,
+                                            "finished_at": time.time(), "seconds": time.time() - started})
             run.summary({f"{stage}/seconds": time.time() - started})
         self.ran[stage] = "ran"
 
@@ -103,53 +145,39 @@ class Pipeline:
             return self.hashes[stage]
         marker = out / "stage.json"
         if not marker.exists():
-            raise FileNotFoundError(f"{out} has no finished {stage} output (no stage.json); add {stage} to stages or "
+            raise ConfigError(f"{out} has no finished {stage} output (no stage.json); add {stage} to stages or "
                                     f"point out_dir at a run that has it")
         return json.loads(marker.read_text())["hash"]
 
     # -- stages -----------------------------------------------------------------------------
     def datagen(self) -> None:
         from train import datagen
-        from train.prompts import PromptSource
 
         cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
         data = {k: v for k, v in asdict(cfg.data).items() if k != "cache_dir"}  # where it lives is not what it is
         section = {"target": target, "data": data, "dtype": cfg.pair.dtype}
-        digest = config_hash("datagen", section)
+        digest = stage_digest("datagen", section, {})
         shared = Path(self.datagen_cache) if self.datagen_cache else None
         out = shared / f"datagen-{digest}" if shared else link
 
         def body(run):
-            prompts = cfg.data.prompts
-            if prompts == DEMO:
-                from transformers import AutoTokenizer
-
-                from draftsmith.demo import write_domain_prompts
-
-                self.out.mkdir(parents=True, exist_ok=True)
-                prompts = str(write_domain_prompts(self.out / "demo_prompts.jsonl",
-                                                   AutoTokenizer.from_pretrained(target), n=cfg.data.demo_prompts))
-            d = cfg.data
-            manifest = datagen.run(datagen.DatagenConfig(
-                target=target, out_dir=str(out), max_prompt_tokens=d.max_prompt_tokens,
-                prompts=PromptSource(prompts, field=d.field, messages_field=d.messages_field, split=d.split),
-                heldout_fraction=d.heldout_fraction, max_prompts=d.max_prompts, max_new_tokens=d.max_new_tokens,
-                temperature=d.temperature, top_p=d.top_p, n_completions=d.n_completions, batch_size=d.batch_size,
-                top_k_logprobs=d.top_k_logprobs, seed=d.seed, dtype=cfg.pair.dtype, device=cfg.pair.device))
+            settings = {**settings_of(cfg.data, DatagenSettings), "prompts": self.prompts_path(target)}
+            manifest = datagen.run(datagen.DatagenConfig(**settings, target=target, out_dir=str(out),
+                                                         dtype=cfg.pair.dtype, device=cfg.pair.device))
             run.log({"datagen/tokens_per_s": manifest["timing"]["tokens_per_s"],
                      "datagen/completion_tokens": manifest["counts"]["completion_tokens"],
                      "datagen/train_prompts": manifest["counts"]["completions"]["train"],
                      "datagen/heldout_prompts": manifest["counts"]["completions"]["heldout"]})
 
         if shared is None:
-            self._stage("datagen", out, digest, section, body)
+            self._stage("datagen", out, section, body)
             return
         from filelock import FileLock
 
         shared.mkdir(parents=True, exist_ok=True)
         with FileLock(str(shared / f"datagen-{digest}.lock")):  # concurrent sweep jobs: one generates
-            self._stage("datagen", out, digest, section, body)
+            self._stage("datagen", out, section, body)
         _link_dir(link, out)
         self.log(f"draftsmith: datagen: {link} -> {out} (shared by the runs that use data.cache_dir={shared})")
 
@@ -159,7 +187,8 @@ class Pipeline:
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
         section = {"draft": draft, "method": asdict(cfg.method)}
-        digest = config_hash("train", section, self._upstream("datagen", self.out / "datagen"))
+        inputs = {"datagen": self._upstream("datagen", self.out / "datagen")}
+        digest = stage_digest("train", section, inputs)  # a crashed run resumes only under the same digest
         m = cfg.method
 
         def body(run):
@@ -169,8 +198,8 @@ class Pipeline:
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
-            train_cfg = trainer.TrainConfig(data_dir=str(self.out / "datagen"), draft=draft, target=target,
-                                            out_dir=str(out), **method_fields(m), **self.tracker.train_kwargs())
+            train_cfg = trainer.TrainConfig(**settings_of(m, TrainSettings), data_dir=str(self.out / "datagen"),
+                                            draft=draft, target=target, out_dir=str(out), **self.tracker.train_kwargs())
             try:
                 trainer.run(train_cfg)
             except Exception as exc:
@@ -182,7 +211,7 @@ class Pipeline:
             (out / "pending.json").unlink(missing_ok=True)
 
         # accelerate opens and finishes the train stage's W&B run itself
-        self._stage("train", out, digest, section, body, own_run=False)
+        self._stage("train", out, section, body, inputs=inputs, own_run=False)
 
     @staticmethod
     def _resumable(out: Path, digest: str) -> bool:
@@ -201,9 +230,41 @@ class Pipeline:
         if prod is not None and self.cfg.eval.compare_production:
             from draftsmith.registry import fingerprint
 
-            if "trained" not in drafts or fingerprint(trained) != prod["fingerprint"]:
+            candidate = Path(drafts.get("trained", base))  # what promote would register
+            if not candidate.is_dir() or fingerprint(candidate) != prod["fingerprint"]:
                 drafts["production"] = str(Path(prod["path"]) / "draft")
         return drafts
+
+    def eval_prompts(self, target: str) -> tuple[dict, dict]:
+        """(EvalConfig prompt argument, {upstream stage: hash}): the datagen output's held-out split when there is
+        one (this run's datagen, or a finished one in out_dir), else every prompt of ``data.prompts``,
+        tokenized once into ``DIR/eval_prompts/prompts.jsonl`` (evaluating a draft without training it)."""
+        datagen_dir = self.out / "datagen"
+        if "datagen" in self.cfg.stages or (datagen_dir / "stage.json").exists():
+            return {"data_dir": str(datagen_dir)}, {"datagen": self._upstream("datagen", datagen_dir)}
+        if not self.cfg.data.prompts:
+            raise ConfigError(f"stages={list(self.cfg.stages)} without a datagen output in {self.out} needs "
+                              "data.prompts=FILE.jsonl (or .parquet, a folder, a HF dataset id) to evaluate on")
+        from train.prompts import prepare_prompts, read_prompts
+
+        d = self.cfg.data
+        section = {"target": target, "data": {k: v for k, v in asdict(d).items() if k != "cache_dir"}}
+        digest = config_hash("eval_prompts", section)
+        out = self.out / "eval_prompts"
+        if not self._done(out, digest):
+            tokenizer = load_tokenizer(target, "target")
+            texts = read_prompts(PromptSource(self.prompts_path(target), **settings_of(d, PromptFormat)), tokenizer)
+            prepared = prepare_prompts(texts, tokenizer, max_prompt_tokens=d.max_prompt_tokens, heldout_fraction=0.0,
+                                       max_prompts=d.max_prompts)
+            if not prepared.train:
+                raise PromptError(f"data.prompts={d.prompts!r}: no usable prompt (counts: {prepared.counts})")
+            with atomic_dir(out) as tmp:
+                write_text(tmp / "prompts.jsonl", "".join(json.dumps({"prompt_ids": ids}) + "\n"
+                                                         for ids in prepared.train))
+                write_json(tmp / "stage.json", {"stage": "eval_prompts", "hash": digest, "config": section,
+                                                "counts": prepared.counts, "finished_at": time.time()})
+            self.log(f"draftsmith: eval: {len(prepared.train)} prompts of {d.prompts} -> {out} (no datagen output)")
+        return {"prompts_file": str(out / "prompts.jsonl")}, {"eval_prompts": digest}
 
     def eval(self) -> None:
         from eval import runner
@@ -215,28 +276,24 @@ class Pipeline:
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
         section = {"target": target, "drafts": drafts, "eval": asdict(cfg.eval), "decode": asdict(cfg.decode),
                    "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
-        upstream = [self._upstream("datagen", self.out / "datagen")]
+        prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
-            upstream.append(self._upstream("train", self.out / "train"))
-        e = cfg.eval
+            inputs["train"] = self._upstream("train", self.out / "train")
 
         def body(run):
             metrics = runner.run(runner.EvalConfig(
-                target=target, drafts=drafts, data_dir=str(self.out / "datagen"), out_dir=str(out), k=list(e.k),
-                temperature=list(e.temperature), max_new_tokens=e.max_new_tokens, max_prompts=e.max_prompts,
-                warmup=e.warmup, hf_ab=e.hf_ab, cost_repeats=e.cost_repeats, top_k=cfg.decode.top_k,
-                top_p=cfg.decode.top_p, seed=cfg.decode.seed, backend=cfg.decode.backend, dtype=cfg.pair.dtype,
-                device=cfg.pair.device))
+                **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
+                target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device))
             log_eval(run, metrics)
 
-        self._stage("eval", out, config_hash("eval", section, upstream), section, body)
+        self._stage("eval", out, section, body, inputs=inputs)
 
     def promote(self) -> None:
         from draftsmith.promote import promote
 
         cfg, out = self.cfg, self.out / "promote"
         section = {"promote": asdict(cfg.promote), "registry": asdict(cfg.registry)}
-        digest = config_hash("promote", section, self._upstream("eval", self.out / "eval"))
+        inputs = {"eval": self._upstream("eval", self.out / "eval")}
 
         def body(run):
             record = promote(cfg, self.out, self.registry(), run)
@@ -247,7 +304,7 @@ class Pipeline:
             self.log(f"draftsmith: promote: {'PROMOTED' if record['promote'] else 'not promoted'} - "
                      + "; ".join(record["reasons"]))
 
-        self._stage("promote", out, digest, section, body)
+        self._stage("promote", out, section, body, inputs=inputs)
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self) -> dict:
@@ -259,10 +316,34 @@ class Pipeline:
         write_json(self.out / "summary.json", summary)
         return summary
 
+    def stale(self) -> dict[str, str]:
+        """stage -> why its output in out_dir no longer follows from its inputs' current outputs.
+
+        Each stage.json records the hashes of the outputs it was made from; when an upstream stage
+        has run again since (e.g. ``stages=[eval]`` after promote), the downstream output is stale.
+        """
+        upstream = {"train": ("datagen",), "eval": ("train", "datagen", "eval_prompts"), "promote": ("eval",)}
+        found = {}
+        for stage, sources in upstream.items():
+            record = _read_marker(self.out / stage)
+            if record is None:
+                continue
+            for source in sources:
+                made_from = record.get("inputs", {}).get(source)
+                current = _read_marker(self.out / source)
+                if made_from and current and current.get("hash") != made_from:
+                    found[stage] = (f"made from an earlier {source} output; run stages=[{stage}] "
+                                    f"to bring it up to date")
+                    break
+            else:
+                if any(source in found for source in sources):
+                    found[stage] = f"made from a stale {next(s for s in sources if s in found)} output"
+        return found
+
     def summary(self) -> dict:
         """What the terminal table shows: per draft alpha, tau, best K, speedup; the decision; paths."""
         result: dict = {"out_dir": str(self.out), "stages": dict(self.ran), "drafts": {}, "promotion": None,
-                        "process": {"pid": os.getpid(), "host": platform.node()}}
+                        "stale": self.stale(), "process": {"pid": os.getpid(), "host": platform.node()}}
         metrics_path = self.out / "eval" / "metrics.json"
         if metrics_path.exists():
             metrics = json.loads(metrics_path.read_text())
@@ -277,16 +358,17 @@ class Pipeline:
         return result
 
 
-def method_fields(method) -> dict:
-    """The TrainConfig keyword arguments of a MethodConfig (same field names; ``name`` is a label)."""
-    from train.trainer import TrainConfig
+def _read_marker(out: Path) -> dict | None:
+    """The stage.json of a stage output, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads((out / "stage.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in asdict(method).items() if k != "name"}
-    unknown = set(values) - fields
-    if unknown:  # a schema field the trainer does not know would otherwise be silently ignored
-        raise AssertionError(f"MethodConfig fields {sorted(unknown)} have no TrainConfig counterpart")
-    return values
+
+def settings_of(section, settings_cls) -> dict:
+    """The fields of `settings_cls` (a stage's settings dataclass) taken from a config section that extends it."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(settings_cls)}
 
 
 def _link_dir(link: Path, target: Path) -> None:
@@ -320,9 +402,13 @@ def format_summary(summary: dict) -> str:
         for warning in summary.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
         lines.append(f"  report: {summary['report']}")
+    stale = summary.get("stale", {})
+    for stage, why in stale.items():
+        lines.append(f"  STALE: {stage} output {why}")
     if summary["promotion"]:
         p = summary["promotion"]
-        lines.append(f"  promotion: {'PROMOTED' if p['promote'] else 'not promoted'} - " + "; ".join(p["reasons"]))
+        when = " (STALE: decided on an earlier eval)" if "promote" in stale else ""
+        lines.append(f"  promotion{when}: {'PROMOTED' if p['promote'] else 'not promoted'} - " + "; ".join(p["reasons"]))
         if p.get("registry"):
             r = p["registry"]
             lines.append(f"  registry: {r['path']} (v{r['version']}, aliases {r['aliases']}); vLLM: "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from draftsmith.config import DraftsmithConfig
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
-from draftsmith.registry import target_mismatch
+from draftsmith.registry import RegistryError, target_mismatch
 from eval.gates import decide
 from eval.runner import load_metrics
 
@@ -102,10 +102,10 @@ def _candidate(metrics: dict, metrics_path: Path) -> tuple[str, Path]:
     summary = metrics["summary"]
     name = "trained" if "trained" in summary else "base"
     if name not in summary:
-        raise ValueError(f"{metrics_path} has no 'trained' or 'base' draft in its summary; re-run eval")
+        raise RegistryError(f"{metrics_path} has no 'trained' or 'base' draft in its summary; re-run eval")
     draft_dir = Path(metrics["config"]["drafts"][name])
     if not (draft_dir / "config.json").exists():
-        raise FileNotFoundError(f"the evaluated draft {draft_dir} is gone (no config.json); re-run train and eval")
+        raise RegistryError(f"the evaluated draft {draft_dir} is gone (no config.json); re-run train and eval")
     return name, draft_dir
 
 

@@ -41,13 +41,14 @@ import time
 from pathlib import Path
 
 from decode.artifacts import atomic_dir, write_json
+from decode.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _HELD = threading.local()  # .depth: {lock file: depth} of the registry locks this thread holds
 
 
-class RegistryError(RuntimeError):
+class RegistryError(UserError, RuntimeError):
     """A registry problem the user can fix (path, name, unknown version or alias)."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from decode.errors import ConfigError
+
 
 @dataclass
 class Gates:
@@ -16,9 +18,9 @@ class Gates:
 
     def __post_init__(self):
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
-            raise ValueError(f"promote.min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
+            raise ConfigError(f"promote.min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
         if self.min_speedup <= 0:
-            raise ValueError(f"promote.min_speedup must be > 0, got {self.min_speedup}")
+            raise ConfigError(f"promote.min_speedup must be > 0, got {self.min_speedup}")
 
 
 def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion_label: str | None = None) -> dict:

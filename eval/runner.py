@@ -13,55 +13,50 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 from pathlib import Path
 
 import torch
 
 from decode import autoregressive_generate, speculative_generate
 from decode.artifacts import atomic_dir, provenance, write_json
+from decode.errors import UserError, check
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from decode.progress import progress
 from decode.timing import cost_ratios, mid_decode_context
+from eval.settings import DecodeSettings, EvalSettings
 from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
 
 SCHEMA_VERSION = 1
 
 
-@dataclass
-class EvalConfig:
-    """Settings of the eval stage."""
+@dataclass(kw_only=True)
+class EvalConfig(EvalSettings, DecodeSettings):
+    """An eval run: the eval and decode settings plus what the pipeline wires in.
+
+    The prompts come from a datagen output's held-out split (`data_dir`) or from a JSONL file of
+    token ids (`prompts_file`, one ``{"prompt_ids": [...]}`` per line: the pipeline writes one when
+    eval runs without datagen).
+    """
 
     target: str
     drafts: dict[str, str]  # name -> draft dir / hub id, e.g. {"trained": ..., "base": ...}
-    data_dir: str  # a datagen output: its held-out prompts are used
     out_dir: str
-    k: list[int] = field(default_factory=lambda: [2, 4, 6])
-    temperature: list[float] = field(default_factory=lambda: [0.0])
-    max_new_tokens: int = 64
-    max_prompts: int = 16
-    warmup: int = 1
-    hf_ab: bool = True  # time HF assisted generation beside draftsmith's loop (greedy cells)
-    cost_repeats: int = 10
-    top_k: int = 0  # sampling cells: the same top-k / top-p filters on target and draft
-    top_p: float = 1.0
-    seed: int = 0
-    backend: str = "auto"  # cached forward of both loops and of the cost timing (decode/lean.py)
+    data_dir: Optional[str] = None  # a datagen output: its held-out prompts are used
+    prompts_file: Optional[str] = None  # or: a JSONL file of {"prompt_ids": [...]} records
     dtype: str = "float32"
     device: str = "cpu"
 
     def __post_init__(self):
-        if not self.drafts:
-            raise ValueError("eval.drafts is empty: give at least one draft (name: path)")
-        bad_k = [k for k in self.k if not isinstance(k, int) or k < 1]
-        if not self.k or bad_k:
-            raise ValueError(f"eval.k must be a non-empty list of integers >= 1, got {self.k}")
-        bad_t = [t for t in self.temperature if not t >= 0]
-        if not self.temperature or bad_t:
-            raise ValueError(f"eval.temperature must be a non-empty list of values >= 0, got {self.temperature}")
-        if self.backend not in ("auto", "lean", "hf"):
-            raise ValueError(f"eval backend (decode.backend) must be auto, lean or hf, got {self.backend!r}")
-        if self.max_new_tokens < 1 or self.max_prompts < 1:
-            raise ValueError("eval.max_new_tokens and eval.max_prompts must be >= 1")
+        EvalSettings.__post_init__(self)
+        DecodeSettings.__post_init__(self)
+        check(bool(self.drafts), "eval.drafts is empty: give at least one draft (name: path)")
+        check((self.data_dir is None) != (self.prompts_file is None),
+              "give the eval prompts as exactly one of data_dir (a datagen output) or prompts_file")
+
+
+class EvalError(UserError, ValueError):
+    """The eval's inputs cannot be used as given; the message names the file and what to do."""
 
 
 def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
@@ -72,17 +67,43 @@ def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
     import datasets
 
     if not (Path(data_dir) / "manifest.json").exists():
-        raise FileNotFoundError(f"{data_dir} is not a datagen output (no manifest.json); run datagen first")
+        raise EvalError(f"{data_dir} is not a datagen output (no manifest.json); run datagen first")
+    rows = (row["prompt_ids"] for row in datasets.load_from_disk(str(Path(data_dir) / "data"))["heldout"])
+    prompts = _distinct(rows, n)
+    if not prompts:
+        raise EvalError(f"{data_dir}: the held-out split is empty; run datagen with data.heldout_fraction > 0")
+    return prompts
+
+
+def file_prompts(path: str, n: int) -> list[torch.Tensor]:
+    """The first `n` distinct prompts of a JSONL file of ``{"prompt_ids": [...]}`` records, as [1, P] tensors."""
+    import json
+
+    if not Path(path).is_file():
+        raise EvalError(f"eval prompts file {path} does not exist")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            record = json.loads(line) if line.strip() else None
+            ids = record.get("prompt_ids") if isinstance(record, dict) else None
+            if record is not None and not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
+                raise EvalError(f"{path}:{line_no}: expected {{\"prompt_ids\": [token ids...]}}")
+            if ids:
+                rows.append(ids)
+    prompts = _distinct(rows, n)
+    if not prompts:
+        raise EvalError(f"{path}: no prompts")
+    return prompts
+
+
+def _distinct(rows, n: int) -> list[torch.Tensor]:
     seen, prompts = set(), []
-    for row in datasets.load_from_disk(str(Path(data_dir) / "data"))["heldout"]:
-        key = tuple(row["prompt_ids"])
-        if key not in seen:
-            seen.add(key)
-            prompts.append(torch.tensor([row["prompt_ids"]]))
+    for ids in rows:
+        if tuple(ids) not in seen:
+            seen.add(tuple(ids))
+            prompts.append(torch.tensor([ids]))
         if len(prompts) == n:
             break
-    if not prompts:
-        raise ValueError(f"{data_dir}: the held-out split is empty; run datagen with heldout_fraction > 0")
     return prompts
 
 
@@ -162,7 +183,9 @@ def run(cfg: EvalConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg.target, "target")
     target = load_model(cfg.target, "target", cfg.dtype, cfg.device)
-    prompts = [p.to(cfg.device) for p in heldout_prompts(cfg.data_dir, cfg.max_prompts)]
+    prompts = (heldout_prompts(cfg.data_dir, cfg.max_prompts) if cfg.data_dir else
+               file_prompts(cfg.prompts_file, cfg.max_prompts))
+    prompts = [p.to(cfg.device) for p in prompts]
     eos = target.generation_config.eos_token_id
     eos = eos if eos is not None else tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -218,10 +241,10 @@ def load_metrics(path: str | Path) -> dict:
     try:
         metrics = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{path} does not exist; run the eval stage first") from exc
+        raise EvalError(f"{path} does not exist; run the eval stage first") from exc
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise EvalError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     missing = [key for key in ("records", "summary", "schema_version") if key not in metrics]
     if missing:
-        raise ValueError(f"{path} lacks {missing}: not an eval metrics.json (or an older schema); re-run eval")
+        raise EvalError(f"{path} lacks {missing}: not an eval metrics.json (or an older schema); re-run eval")
     return metrics

@@ -26,7 +26,6 @@ import torch  # noqa: E402
 from decode.pair import load_model, load_tokenizer  # noqa: E402
 from draftsmith.demo import build_demo_target, demo_prompts  # noqa: E402
 from train.datagen import DatagenConfig, generate_all  # noqa: E402
-from train.prompts import PromptSource  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -45,7 +44,7 @@ def main(argv=None) -> dict:
     prompts = [p[0].tolist() for p in demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=7)]
 
     def config(batch_size: int) -> DatagenConfig:
-        return DatagenConfig(target=target, prompts=PromptSource("-"), out_dir="-", max_new_tokens=args.max_new_tokens,
+        return DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
                              batch_size=batch_size)
 
     rates = {"batched": [], "one_at_a_time": []}

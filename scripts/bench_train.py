@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.demo import DraftSpec, build_demo_target, demo_prompts, make_model  # noqa: E402
 from train import datagen, trainer  # noqa: E402
-from train.prompts import PromptSource  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -46,7 +45,7 @@ def main(argv=None) -> dict:
         jsonl = tmp / "prompts.jsonl"
         jsonl.write_text("".join(json.dumps({"prompt": tokenizer.decode(p[0])}) + "\n"
                                  for p in demo_prompts(tokenizer, args.prompts, 48, seed=3)))
-        datagen.run(datagen.DatagenConfig(target=target, prompts=PromptSource(str(jsonl)), out_dir=str(tmp / "data"),
+        datagen.run(datagen.DatagenConfig(target=target, prompts=str(jsonl), out_dir=str(tmp / "data"),
                                           max_new_tokens=48, batch_size=32, top_k_logprobs=args.top_k,
                                           max_prompt_tokens=256))
         make_model(DraftSpec().model, tokenizer, 128, seed=1).save_pretrained(tmp / "init")

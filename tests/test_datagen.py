@@ -85,7 +85,7 @@ def test_prepare_dedupes_filters_and_splits_by_hash(tokenizer):
 def test_greedy_batched_completions_equal_the_targets_own_generate(target_dir, tokenizer):
     model = make_model("llama", seed=0)
     prompts = [tokenizer(t).input_ids for t in word_prompts(12, seed=3)]
-    cfg = DatagenConfig(target=str(target_dir), prompts=PromptSource("-"), out_dir="-", max_new_tokens=12,
+    cfg = DatagenConfig(target=str(target_dir), prompts="-", out_dir="-", max_new_tokens=12,
                         batch_size=5, top_k_logprobs=3)
     model.generation_config.eos_token_id = 2
     rows = generate_all(model, tokenizer, prompts, cfg, "test")
@@ -105,7 +105,7 @@ def test_greedy_batched_completions_equal_the_targets_own_generate(target_dir, t
 def test_run_writes_dataset_and_manifest(tmp_path, target_dir):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": t} for t in word_prompts(30, seed=5)])
     out = tmp_path / "datagen"
-    manifest = run(DatagenConfig(target=str(target_dir), prompts=PromptSource(str(prompts)), out_dir=str(out),
+    manifest = run(DatagenConfig(target=str(target_dir), prompts=str(prompts), out_dir=str(out),
                                  max_new_tokens=6, batch_size=8, heldout_fraction=0.2, temperature=0.9,
                                  n_completions=2, top_k_logprobs=2))
     ds, m = load_output(out)
@@ -121,14 +121,15 @@ def test_run_writes_dataset_and_manifest(tmp_path, target_dir):
 def test_too_few_prompts_fails_before_generation(tmp_path, target_dir):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "w1 w2"}])
     with pytest.raises(ValueError, match="only 1 usable training prompts"):
-        run(DatagenConfig(target=str(target_dir), prompts=PromptSource(str(prompts)), out_dir=str(tmp_path / "o"),
+        run(DatagenConfig(target=str(target_dir), prompts=str(prompts), out_dir=str(tmp_path / "o"),
                           heldout_fraction=0.0, min_prompts=5))
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(n_completions=2), "needs temperature > 0"),
-                                           (dict(max_new_tokens=0), "max_new_tokens"),
-                                           (dict(top_k_logprobs=-1), "top_k_logprobs")])
+@pytest.mark.parametrize("kwargs, match", [(dict(n_completions=2), "needs data.temperature > 0"),
+                                           (dict(max_new_tokens=0), "data.max_new_tokens"),
+                                           (dict(top_k_logprobs=-1), "data.top_k_logprobs"),
+                                           (dict(chunk_tokens=0), "data.chunk_tokens")])
 def test_config_errors_name_the_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        DatagenConfig(target="t", prompts=PromptSource("p"), out_dir="o", **kwargs)
+        DatagenConfig(target="t", prompts="p", out_dir="o", **kwargs)

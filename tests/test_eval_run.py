@@ -5,10 +5,10 @@ import json
 import pytest
 
 from conftest import make_model, perturbed_copy
-from eval.runner import EvalConfig, load_metrics, run
+from decode.errors import ConfigError
+from eval.runner import EvalConfig, EvalError, load_metrics, run
 from train.datagen import DatagenConfig
 from train.datagen import run as run_datagen
-from train.prompts import PromptSource
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -24,7 +24,7 @@ def setup(tmp_path_factory, tokenizer):
     prompts = root / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + j) % 60}" for j in range(5))}) + "\n"
                                for i in range(60)))
-    run_datagen(DatagenConfig(target=str(root / "target"), prompts=PromptSource(str(prompts)),
+    run_datagen(DatagenConfig(target=str(root / "target"), prompts=str(prompts),
                               out_dir=str(root / "data"), max_new_tokens=4, heldout_fraction=0.3))
     return root
 
@@ -33,7 +33,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
     out = setup / "out"
     cfg = EvalConfig(target=str(setup / "target"), drafts={"trained": str(setup / "trained"), "base": str(setup / "base")},
                      data_dir=str(setup / "data"), out_dir=str(out), k=[1, 3], temperature=[0.0, 0.8],
-                     max_new_tokens=12, max_prompts=4, cost_repeats=2)
+                     max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True)
     metrics = run(cfg)
     assert load_metrics(out) == json.loads(json.dumps(metrics, default=str))
     assert len(metrics["records"]) == 2 * 2 * 2
@@ -84,7 +84,7 @@ def test_bad_grid_is_a_clear_error(kwargs, match):
 
 
 def test_malformed_metrics_are_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run the eval stage first"):
+    with pytest.raises(EvalError, match="run the eval stage first"):
         load_metrics(tmp_path)
     (tmp_path / "metrics.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
@@ -92,6 +92,23 @@ def test_malformed_metrics_are_clear_errors(tmp_path):
     (tmp_path / "metrics.json").write_text('{"records": []}')
     with pytest.raises(ValueError, match="lacks"):
         load_metrics(tmp_path)
+
+
+def test_eval_from_a_prompts_file_without_datagen(setup, tmp_path):
+    """Measuring a draft on one's own prompts needs no datagen output: token ids from a JSONL file."""
+    ids = [[5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8]]  # the duplicate is evaluated once
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    metrics = run(EvalConfig(target=str(setup / "target"), drafts={"base": str(setup / "base")},
+                             prompts_file=str(prompts), out_dir=str(tmp_path / "o"), k=[2], max_new_tokens=6,
+                             max_prompts=8, cost_repeats=1))
+    assert metrics["prompts"] == 2 and metrics["summary"]["base"]["greedy_match"] == 1.0
+    prompts.write_text('{"prompt": "text"}\n')
+    with pytest.raises(EvalError, match="prompts.jsonl:1: expected"):
+        run(EvalConfig(target=str(setup / "target"), drafts={"base": str(setup / "base")},
+                       prompts_file=str(prompts), out_dir=str(tmp_path / "o2")))
+    with pytest.raises(ConfigError, match="exactly one of data_dir"):
+        EvalConfig(target="t", drafts={"d": "d"}, out_dir="o")
 
 
 def test_draft_that_does_not_load_is_a_clear_error(setup, tmp_path):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import make_model, perturbed_copy
+from conftest import make_model, make_tokenizer, perturbed_copy
 
 from draftsmith import cli
 from draftsmith.registry import LocalRegistry
@@ -90,9 +90,91 @@ def test_failing_gates_are_recorded_and_nothing_is_registered(pair, tmp_path, mo
 
 def test_stage_subset_reads_upstream_outputs_and_errors_name_the_fix(pair, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
-        run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval]"))
+        run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[train]"))
     assert exc.value.code == 2
     assert "no finished datagen output" in capsys.readouterr().err
+
+
+def test_eval_and_promote_a_draft_without_datagen_or_training(pair, tmp_path, monkeypatch, capsys):
+    """stages=[eval,promote] measures pair.draft on data.prompts: no datagen output, no trained draft."""
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval,promote]"))
+    out = tmp_path / "run"
+    assert not (out / "datagen").exists() and not (out / "train").exists()
+    metrics = json.loads((out / "eval/metrics.json").read_text())
+    assert set(metrics["summary"]) == {"base"} and metrics["config"]["prompts_file"].endswith("prompts.jsonl")
+    assert metrics["prompts"] == 3 and metrics["summary"]["base"]["greedy_match"] == 1.0
+    promotion = json.loads((out / "promote/promotion.json").read_text())
+    assert promotion["candidate_name"] == "base" and promotion["promote"]
+    assert "base" in capsys.readouterr().out
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval,promote]"))  # up to date: skipped
+    assert json.loads((out / "summary.json").read_text())["stages"] == {"eval": "skipped", "promote": "skipped"}
+
+
+def test_a_stage_output_made_from_a_replaced_input_is_shown_as_stale(pair, tmp_path, monkeypatch, capsys):
+    run_cli(monkeypatch, tiny_args(pair, tmp_path))
+    capsys.readouterr()
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval]", "eval.k=[1]"))
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert set(summary["stale"]) == {"promote"} and "earlier eval" in summary["stale"]["promote"]
+    printed = capsys.readouterr().out
+    assert "promotion (STALE: decided on an earlier eval)" in printed and "STALE: promote output" in printed
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[promote]", "eval.k=[1]"))
+    assert json.loads((tmp_path / "run/summary.json").read_text())["stale"] == {}
+
+
+def _expect_user_error(monkeypatch, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(monkeypatch, args)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2, err
+    assert err.startswith("draftsmith: error:") and message in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1
+
+
+def test_bad_pair_and_settings_fail_before_any_work(pair, tmp_path, monkeypatch, capsys):
+    """Everything knowable at start-up is reported before datagen runs (no stage output is written)."""
+    other = tmp_path / "other-vocab"
+    make_model("llama", seed=1, layers=1, vocab_size=40).save_pretrained(other)
+    make_tokenizer([f"x{i}" for i in range(30)]).save_pretrained(other)
+    damaged = tmp_path / "damaged"
+    make_model("llama", seed=2, layers=1).save_pretrained(damaged)
+    make_tokenizer().save_pretrained(damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    (tmp_path / "a-file").write_text("")
+    capsys.readouterr()
+    cases = [
+        (f"pair.draft={other}", "tokenizers of target"),
+        (f"pair.target={damaged}", f"{weights} is damaged"),
+        ("pair.device=cuda", "pair.device=cuda: torch"),
+        (f"out_dir={tmp_path / 'a-file'}", "is a file, not a directory"),
+        (f"registry.root={tmp_path / 'a-file' / 'reg'}", "registry.root="),
+        ("promote.alias=1bad", "promote.alias='1bad' is not a valid alias"),
+        ("promote.name=a/b", "promote.name='a/b' is not a valid registry name"),
+    ]
+    for override, message in cases:
+        args = tiny_args(pair, tmp_path, override)
+        if override.startswith("out_dir="):
+            args = [a for a in args if not a.startswith("out_dir=")] + [override]
+        _expect_user_error(monkeypatch, capsys, args, message)
+        assert not (tmp_path / "run" / "datagen").exists(), override
+    _expect_user_error(monkeypatch, capsys, tiny_args(pair, tmp_path, "method=lora", "method.lora_r=0"),
+                       "method.lora_r must be >= 1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bug_prints_its_traceback_and_says_it_is_a_bug(pair, tmp_path, monkeypatch, capsys):
+    from draftsmith import pipeline
+
+    def broken(self):
+        raise ValueError("an internal inconsistency")
+
+    monkeypatch.setattr(pipeline.Pipeline, "run", broken)
+    with pytest.raises(SystemExit) as exc:
+        run_cli(monkeypatch, tiny_args(pair, tmp_path))
+    err = capsys.readouterr().err
+    assert exc.value.code == 1
+    assert "Traceback" in err and "an internal inconsistency" in err and "This is a bug in draftsmith" in err
 
 
 @pytest.mark.parametrize("override, message", [

@@ -30,6 +30,8 @@ COVERED = {
         "tests/test_pipeline.py::test_experiment_preset_composes (needs a GPU and the hub: composed, not run)",
     "draftsmith pair=custom pair.target=/models/my-target pair.draft=/models/my-draft data=jsonl "
     "data.prompts=prompts.jsonl out_dir=runs/mine": "test_readme_pipeline_commands",
+    "draftsmith pair=custom pair.target=/models/my-target pair.draft=/models/my-draft data=jsonl "
+    "data.prompts=prompts.jsonl stages=[eval,promote] out_dir=runs/measure": "test_readme_pipeline_commands",
     "draftsmith -m method.loss=fkl,tvd eval.k=[2,4],[4,6]": "tests/test_pipeline.py::test_multirun_sweep_and_report",
     "draftsmith-report sweeps/demo": "tests/test_pipeline.py::test_multirun_sweep_and_report",
     "draftsmith -m hydra/launcher=submitit_local method.loss=fkl,tvd":
@@ -66,7 +68,8 @@ def test_every_readme_command_is_covered():
 def substitute(command: str, pair, tmp_path) -> list[str]:
     """The README command's arguments with the tiny pair's paths in place of real ones."""
     paths = {"/models/my-target": pair / "target", "/models/my-draft": pair / "base",
-             "data.prompts=prompts.jsonl": f"data.prompts={pair / 'prompts.jsonl'}", "runs/mine": tmp_path / "mine"}
+             "data.prompts=prompts.jsonl": f"data.prompts={pair / 'prompts.jsonl'}", "runs/mine": tmp_path / "mine",
+             "runs/measure": tmp_path / "measure"}
     for old, new in paths.items():
         command = command.replace(old, str(new))
     return shlex.split(command)[1:]
@@ -83,6 +86,11 @@ def test_readme_pipeline_commands(pair, tmp_path, monkeypatch):  # noqa: F811
     run_cli(monkeypatch, [a for a in base if not a.startswith("out_dir=")] + substitute(custom, pair, tmp_path) +
             ["pair.device=cpu", "pair.dtype=float32"])  # the README's custom preset is bf16 on CUDA
     assert (tmp_path / "mine/eval/metrics.json").exists()
+    measure = next(c for c in COVERED if "stages=[eval,promote]" in c)
+    run_cli(monkeypatch, [a for a in base if not a.startswith("out_dir=")] + substitute(measure, pair, tmp_path) +
+            ["pair.device=cpu", "pair.dtype=float32"])
+    assert set(json.loads((tmp_path / "measure/eval/metrics.json").read_text())["summary"]) >= {"base"}
+    assert not (tmp_path / "measure/datagen").exists()
 
 
 def test_readme_slurm_sweep_composes():

@@ -24,44 +24,30 @@ import torch
 from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from decode.pair import load_model, load_tokenizer
 from decode.progress import progress
-from train.prompts import PromptSource, prepare_prompts, read_prompts
+from decode.errors import UserError, check
+from train.prompts import PromptError, prepare_prompts, read_prompts
+from train.settings import DatagenSettings
 
 SCHEMA_VERSION = 1
 
 
-@dataclass
-class DatagenConfig:
-    """Settings of the datagen stage; each field is documented where it is used below."""
+class DatagenError(UserError, ValueError):
+    """A datagen input or output that cannot be used; the message names the directory."""
+
+
+@dataclass(kw_only=True)
+class DatagenConfig(DatagenSettings):
+    """A datagen run: the settings plus what the pipeline wires in (target, output, precision)."""
 
     target: str  # HF directory or hub id of the target
-    prompts: PromptSource  # where the prompts come from
     out_dir: str  # output directory (replaced atomically)
-    max_prompt_tokens: int = 512  # longer prompts are dropped (counted in the manifest)
-    heldout_fraction: float = 0.1  # share of prompts held out for eval, by text hash
-    max_prompts: int | None = None  # stop reading after this many kept prompts
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    n_completions: int = 1  # completions per prompt (sampling only)
-    batch_size: int = 16
-    top_k_logprobs: int = 0  # > 0: keep the target's top-k log-probs per completion position
-    min_prompts: int = 1  # fewer usable training prompts than this is an error
-    seed: int = 0
     dtype: str = "float32"
     device: str = "cpu"
     extra: dict = field(default_factory=dict)  # free-form provenance from the caller
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"datagen.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.n_completions < 1:
-            raise ValueError(f"datagen.n_completions must be >= 1, got {self.n_completions}")
-        if self.n_completions > 1 and self.temperature == 0:
-            raise ValueError("datagen.n_completions > 1 needs temperature > 0: greedy completions would be identical")
-        if self.batch_size < 1:
-            raise ValueError(f"datagen.batch_size must be >= 1, got {self.batch_size}")
-        if self.top_k_logprobs < 0:
-            raise ValueError(f"datagen.top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
+        super().__post_init__()
+        check(bool(self.prompts), "data.prompts is required: a .jsonl / .parquet file, a folder or a HF dataset id")
 
 
 @torch.inference_mode()
@@ -137,13 +123,13 @@ def run(cfg: DatagenConfig) -> dict:
 
     started = time.time()
     tokenizer = load_tokenizer(cfg.target, "target")
-    texts = read_prompts(cfg.prompts, tokenizer)
+    texts = read_prompts(cfg.source(), tokenizer)
     prepared = prepare_prompts(texts, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
                                heldout_fraction=cfg.heldout_fraction, max_prompts=cfg.max_prompts)
     if len(prepared.train) < cfg.min_prompts:
-        raise ValueError(f"prompts {cfg.prompts.path!r}: only {len(prepared.train)} usable training prompts "
+        raise PromptError(f"data.prompts={cfg.prompts!r}: only {len(prepared.train)} usable training prompts "
                          f"(need >= {cfg.min_prompts}; counts: {prepared.counts}). Add prompts or raise "
-                         "max_prompt_tokens.")
+                         "data.max_prompt_tokens.")
     model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
     gen_started = time.perf_counter()
     splits = {name: generate_all(model, tokenizer, ids, cfg, f"datagen {name}")
@@ -189,6 +175,6 @@ def load_output(out_dir: str | Path):
     out_dir = Path(out_dir)
     manifest_path = out_dir / "manifest.json"
     if not manifest_path.exists():
-        raise FileNotFoundError(f"{out_dir} is not a datagen output (no manifest.json); run the datagen stage first")
+        raise DatagenError(f"{out_dir} is not a datagen output (no manifest.json); run the datagen stage first")
     manifest = json.loads(manifest_path.read_text())
     return datasets.load_from_disk(str(out_dir / "data")), manifest

@@ -12,31 +12,43 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decode.errors import ConfigError, UserError
 
-class PromptError(ValueError):
+
+class PromptError(UserError, ValueError):
     """The prompt source cannot be read as configured; the message names the file and field."""
 
 
-@dataclass
-class PromptSource:
-    """Where prompts come from.
+@dataclass(kw_only=True)
+class PromptFormat:
+    """How prompt records are read (the ``data.*`` keys of the same names).
 
     Attributes:
-        path: a ``.jsonl`` / ``.parquet`` file, a folder of text files, or a HF dataset id.
         field: the text field of JSONL / Parquet / dataset records.
         messages_field: a chat field (list of {role, content}) rendered with the tokenizer's chat
             template; used when a record has no `field`.
         split: the dataset split (HF datasets only).
         chunk_tokens: folders of text files are cut into prompts of this many tokens.
-        suffixes: file suffixes read from a folder.
     """
 
-    path: str
     field: str = "prompt"
     messages_field: str = "messages"
     split: str = "train"
     chunk_tokens: int = 64
-    suffixes: tuple[str, ...] = (".txt", ".md", ".py", ".rst", ".json")
+
+    def __post_init__(self):
+        if self.chunk_tokens < 1:
+            raise ConfigError(f"data.chunk_tokens must be >= 1, got {self.chunk_tokens}")
+
+
+@dataclass
+class PromptSource(PromptFormat):
+    """Where prompts come from: `path` (a ``.jsonl`` / ``.parquet`` file, a folder of text files,
+    or a HF dataset id) read with the :class:`PromptFormat` settings; `suffixes` are the file
+    suffixes read from a folder."""
+
+    path: str
+    suffixes: tuple[str, ...] = field(default=(".txt", ".md", ".py", ".rst", ".json"), kw_only=True)
 
 
 def _record_text(record: dict, src: PromptSource, tokenizer, where: str) -> str:

@@ -1,0 +1,89 @@
+"""Start-up checks: everything that can be known before the first stage runs, as one line each.
+
+A pipeline can spend hours of target time in datagen; a bad draft, device, output directory or
+registry setting must not surface after it. :func:`preflight` runs after the config is built and
+validated (``draftsmith.config``) and before any stage; each check raises a user error (one line,
+naming the key or the file) and does no work beyond reading files and asking torch about devices.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from decode.errors import ConfigError
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """out_dir must be a directory or creatable as one (not an existing file, not under one)."""
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ConfigError(f"out_dir={out_dir}: {path} is a file, not a directory; choose another out_dir")
+            if not os.access(path, os.W_OK):
+                raise ConfigError(f"out_dir={out_dir}: {path} is not writable; choose another out_dir")
+            return
+
+
+def check_device(key: str, device: str) -> None:
+    """`device` (cpu, cuda, cuda:N, mps, auto) must exist on this machine; `key` names the setting."""
+    if device in ("cpu", "auto"):
+        return
+    import torch
+
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(f"{key}={device}: torch {torch.__version__} ({build}) sees no CUDA device on this "
+                              f"machine; use {key}=cpu, or install a CUDA build of torch on a GPU machine")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"{key}={device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}=mps: the MPS backend is not available on this machine; use {key}=cpu")
+
+
+def check_registry_root(root: str) -> None:
+    """registry.root must be a directory we can write to, or creatable under one."""
+    path = Path(root).expanduser()
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"registry.root={root}: {parent} is a file, not a directory; set registry.root "
+                                  "to a directory you can write to")
+            if not os.access(parent, os.W_OK):
+                raise ConfigError(f"registry.root={root}: {parent} is not writable; set registry.root to a "
+                                  "directory you can write to")
+            return
+
+
+def check_pair(target: str, draft: str) -> None:
+    """Target and draft tokenizers agree and their local weight files are whole (no model is loaded)."""
+    from decode.pair import check_tokenizers, check_weight_files, load_tokenizer
+
+    check_tokenizers(load_tokenizer(target, "target"), load_tokenizer(draft, "draft"), target, draft)
+    check_weight_files(target, "target")
+    check_weight_files(draft, "draft")
+
+
+def preflight(pipeline) -> None:
+    """Every start-up check of `pipeline` (a :class:`draftsmith.pipeline.Pipeline`) before its first stage."""
+    cfg = pipeline.cfg
+    stages = set(cfg.stages)
+    check_out_dir(pipeline.out)
+    check_device("pair.device", cfg.pair.device)
+    if "train" in stages:
+        check_device("method.device", cfg.method.device)
+    if "promote" in stages:
+        check_registry_root(cfg.registry.root)
+    target, draft = pipeline.pair()  # builds the demo pair on first use
+    if stages & {"train", "eval", "promote"}:
+        check_pair(target, draft)
+    else:
+        from decode.pair import check_weight_files, load_tokenizer
+
+        load_tokenizer(target, "target")
+        check_weight_files(target, "target")
+    if stages & {"eval", "promote"}:
+        pipeline.check_registry_target(target)

@@ -1,0 +1,138 @@
+"""The settings of the datagen and train stages: the schema the pipeline's Hydra config nests.
+
+Each setting is declared once, here, with its one default; ``data.*`` keys are
+:class:`DatagenSettings`, ``method.*`` keys are :class:`TrainSettings`. Checks run in
+``__post_init__`` (so a Hydra override, a YAML preset and the Python API are validated alike) and
+name the key the user types. The stages' run configs (``train.datagen.DatagenConfig``,
+``train.trainer.TrainConfig``) extend these with the paths the pipeline wires in. Light to import
+(no torch), so that the command line starts fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from decode.errors import check, check_choice
+from train.prompts import PromptFormat, PromptSource
+
+LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
+
+
+@dataclass(kw_only=True)
+class DatagenSettings(PromptFormat):
+    """The datagen settings: the schema of the pipeline's ``data.*`` keys (one declaration, one default).
+
+    Errors name the ``data.*`` key; the Python API takes the same names.
+    """
+
+    prompts: str = ""  # .jsonl / .parquet / folder of text files / HF dataset id
+    max_prompts: Optional[int] = None  # stop reading after this many kept prompts
+    max_prompt_tokens: int = 512  # longer prompts are dropped (counted in the manifest)
+    heldout_fraction: float = 0.1  # share of prompts held out for eval, by text hash
+    min_prompts: int = 1  # fewer usable training prompts than this is an error
+    max_new_tokens: int = 128  # target completion length
+    temperature: float = 0.0  # 0 = greedy completions
+    top_p: float = 1.0
+    n_completions: int = 1  # completions per prompt (sampling only)
+    top_k_logprobs: int = 32  # > 0 keeps the target's top-k log-probs (needed by method.teacher=cached)
+    batch_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self.max_new_tokens >= 1, f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check(self.n_completions >= 1, f"data.n_completions must be >= 1, got {self.n_completions}")
+        check(self.n_completions == 1 or self.temperature > 0,
+              "data.n_completions > 1 needs data.temperature > 0: greedy completions would be identical")
+        check(self.temperature >= 0, f"data.temperature must be >= 0, got {self.temperature}")
+        check(0.0 < self.top_p <= 1.0, f"data.top_p must be in (0, 1], got {self.top_p}")
+        check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        check(self.top_k_logprobs >= 0, f"data.top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
+        check(self.max_prompt_tokens >= 1, f"data.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        check(0.0 <= self.heldout_fraction < 1.0, f"data.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        check(self.max_prompts is None or self.max_prompts >= 1,
+              f"data.max_prompts must be >= 1 (or unset), got {self.max_prompts}")
+        check(self.min_prompts >= 1, f"data.min_prompts must be >= 1, got {self.min_prompts}")
+
+    def source(self) -> PromptSource:
+        """The :class:`PromptSource` of these settings."""
+        fmt = {f.name: getattr(self, f.name) for f in dataclasses.fields(PromptFormat)}
+        return PromptSource(self.prompts, **fmt)
+
+
+METHODS = ("full", "lora")
+TEACHERS = ("cached", "online")
+CACHED_TAILS = ("uniform", "bucket")
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+
+
+@dataclass(kw_only=True)
+class TrainSettings:
+    """The train settings: the schema of the pipeline's ``method.*`` keys (one declaration, one default).
+
+    Errors name the ``method.*`` key; the Python API takes the same names.
+    """
+
+    name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
+    method: str = "full"  # full | lora
+    loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
+    beta: float = 0.5  # generalized JSD mixing weight
+    teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
+    cached_tail: str = "uniform"  # cached teacher's tail mass: spread evenly (uniform) or one bucket (bucket)
+    on_policy_fraction: float = 0.0  # share of steps trained on draft-sampled continuations
+    on_policy_max_new_tokens: int = 32
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: Any = "all-linear"  # "all-linear" or a list of module names (e.g. [q_proj, v_proj])
+    steps: int = 400  # optimizer steps
+    batch_size: int = 16  # rows per micro-batch per process
+    grad_accum: int = 1
+    lr: float = 3e-3
+    warmup_steps: int = 15
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_len: Optional[int] = None  # truncate rows to this many tokens
+    mixed_precision: str = "auto"  # auto | no | bf16 | fp16
+    eval_every: int = 100  # held-out metrics every N steps (0 = never)
+    eval_rows: int = 64
+    save_every: int = 100  # checkpoint every N steps and at the end (0 = never: no resume)
+    keep_checkpoints: int = 2
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+
+    def __post_init__(self):
+        check_choice("method.method", self.method, METHODS)
+        check_choice("method.loss", self.loss, LOSSES)
+        check_choice("method.teacher", self.teacher, TEACHERS)
+        check_choice("method.cached_tail", self.cached_tail, CACHED_TAILS)
+        check_choice("method.mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        check(0.0 <= self.beta <= 1.0, f"method.beta must be in [0, 1], got {self.beta}")
+        check(0.0 <= self.on_policy_fraction <= 1.0,
+              f"method.on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
+        for key in ("steps", "batch_size", "grad_accum", "eval_rows", "on_policy_max_new_tokens"):
+            check(getattr(self, key) >= 1, f"method.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("eval_every", "save_every"):
+            check(getattr(self, key) >= 0, f"method.{key} must be >= 0 (0 = never), got {getattr(self, key)}")
+        check(self.lr > 0, f"method.lr must be > 0, got {self.lr}")
+        check(self.warmup_steps >= 0, f"method.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
+        if self.method == "lora":
+            check(self.lora_r >= 1, f"method.lora_r must be >= 1 (the LoRA rank), got {self.lora_r}")
+            check(self.lora_alpha > 0, f"method.lora_alpha must be > 0, got {self.lora_alpha}")
+            check(0.0 <= self.lora_dropout < 1.0, f"method.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+            modules = self.lora_target_modules
+            check(modules == "all-linear" or (isinstance(modules, (list, tuple)) and modules
+                                              and all(isinstance(m, str) and m for m in modules)),
+                  f"method.lora_target_modules must be 'all-linear' or a non-empty list of module names, "
+                  f"got {modules!r}")
+
+    @property
+    def needs_target(self) -> bool:
+        """Whether training runs the target: an online teacher or on-policy batches."""
+        return (self.loss != "ce" and self.teacher == "online") or self.on_policy_fraction > 0
+
+
