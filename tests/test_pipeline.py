@@ -163,6 +163,20 @@ def test_bad_pair_and_settings_fail_before_any_work(pair, tmp_path, monkeypatch,
     assert not (tmp_path / "run").exists()
 
 
+def test_a_registry_entry_for_another_target_is_refused_before_any_work(pair, tmp_path, monkeypatch, capsys):
+    """A registry name whose drafts belong to another target (e.g. demo.preset=tiny into the default demo's
+    entry) is reported at start-up, not after datagen and train."""
+    run_cli(monkeypatch, tiny_args(pair, tmp_path, "stages=[eval,promote]"))  # registers pair.draft for this target
+    assert LocalRegistry(tmp_path / "registry").find("tiny", "production") is not None
+    other = tmp_path / "other-target"
+    make_model("llama", seed=7, layers=3).save_pretrained(other)  # same tokenizer, another model
+    make_tokenizer().save_pretrained(other)
+    capsys.readouterr()
+    args = [a for a in tiny_args(pair, tmp_path, f"pair.target={other}") if not a.startswith("out_dir=")]
+    _expect_user_error(monkeypatch, capsys, args + [f"out_dir={tmp_path / 'run2'}"], "holds drafts for target")
+    assert not (tmp_path / "run2" / "datagen").exists()
+
+
 def test_a_bug_prints_its_traceback_and_says_it_is_a_bug(pair, tmp_path, monkeypatch, capsys):
     from draftsmith import pipeline
 
