@@ -55,7 +55,8 @@ def run(cfg: DictConfig) -> dict:
         # the jobs of a sweep share one datagen output per datagen config (most sweeps vary method/eval)
         shared = str(Path(hydra_cfg.sweep.dir) / ".datagen") if hydra_cfg.mode == RunMode.MULTIRUN else None
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        from draftsmith.pipeline import Pipeline, format_summary
+        from draftsmith.pipeline import Pipeline
+        from draftsmith.summary import format_summary
         from draftsmith.preflight import preflight
 
         pipeline = Pipeline(obj, out_dir, config_dict=resolved, datagen_cache=shared)

@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import shutil
 import time
 from dataclasses import asdict
@@ -25,10 +24,11 @@ from pathlib import Path
 from decode.artifacts import atomic_dir, write_json, write_text
 from decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
+from draftsmith.summary import summarize
+from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 from eval.settings import DecodeSettings, EvalSettings
 from train.prompts import PromptError, PromptFormat, PromptSource
 from train.settings import DatagenSettings, TrainSettings
-from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 
 
 def config_hash(*parts) -> str:
@@ -316,54 +316,9 @@ class Pipeline:
         write_json(self.out / "summary.json", summary)
         return summary
 
-    def stale(self) -> dict[str, str]:
-        """stage -> why its output in out_dir no longer follows from its inputs' current outputs.
-
-        Each stage.json records the hashes of the outputs it was made from; when an upstream stage
-        has run again since (e.g. ``stages=[eval]`` after promote), the downstream output is stale.
-        """
-        upstream = {"train": ("datagen",), "eval": ("train", "datagen", "eval_prompts"), "promote": ("eval",)}
-        found = {}
-        for stage, sources in upstream.items():
-            record = _read_marker(self.out / stage)
-            if record is None:
-                continue
-            for source in sources:
-                made_from = record.get("inputs", {}).get(source)
-                current = _read_marker(self.out / source)
-                if made_from and current and current.get("hash") != made_from:
-                    found[stage] = (f"made from an earlier {source} output; run stages=[{stage}] "
-                                    f"to bring it up to date")
-                    break
-            else:
-                if any(source in found for source in sources):
-                    found[stage] = f"made from a stale {next(s for s in sources if s in found)} output"
-        return found
-
     def summary(self) -> dict:
-        """What the terminal table shows: per draft alpha, tau, best K, speedup; the decision; paths."""
-        result: dict = {"out_dir": str(self.out), "stages": dict(self.ran), "drafts": {}, "promotion": None,
-                        "stale": self.stale(), "process": {"pid": os.getpid(), "host": platform.node()}}
-        metrics_path = self.out / "eval" / "metrics.json"
-        if metrics_path.exists():
-            metrics = json.loads(metrics_path.read_text())
-            result["drafts"] = metrics["summary"]
-            result["report"] = str(self.out / "eval" / "report.md")
-            result["warnings"] = metrics.get("warnings", [])
-        promotion_path = self.out / "promote" / "promotion.json"
-        if promotion_path.exists():
-            promotion = json.loads(promotion_path.read_text())
-            result["promotion"] = {"promote": promotion["promote"], "reasons": promotion["reasons"],
-                                   "registry": promotion.get("registry")}
-        return result
-
-
-def _read_marker(out: Path) -> dict | None:
-    """The stage.json of a stage output, or None when there is none (or it is unreadable)."""
-    try:
-        return json.loads((out / "stage.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+        """What the terminal table shows (see :func:`draftsmith.summary.summarize`)."""
+        return summarize(self.out, self.ran)
 
 
 def settings_of(section, settings_cls) -> dict:
@@ -381,36 +336,3 @@ def _link_dir(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(target.resolve(), tmp, target_is_directory=True)
     os.replace(tmp, link)
-
-
-def format_summary(summary: dict) -> str:
-    """The end-of-run table: base vs trained draft, alpha, tau, best K, speedup, decision, paths."""
-    lines = [f"draftsmith: {summary['out_dir']}  (stages: "
-             + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ")"]
-    if summary["drafts"]:
-        lines.append(f"  {'draft':<12} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup':>8} {'greedy==':>8}")
-        for name, s in summary["drafts"].items():
-            match = "-" if s.get("greedy_match") is None else f"{s['greedy_match']:.2f}"
-            lines.append(f"  {name:<12} {s['acceptance_rate']:>6.3f} {s['mean_accepted_tokens']:>6.2f} "
-                         f"{s['best_k']:>6} {s['speedup']:>7.2f}x {match:>8}")
-        lines.append("  alpha: acceptance rate (accepted / drafted); tau: tokens per target forward; "
-                     "speedup: measured vs plain decoding at best K")
-        forwards = sorted({f"target {b['target']} / draft {b['draft']}"
-                           for b in (s.get("backend") for s in summary["drafts"].values()) if b})
-        if forwards:
-            lines.append(f"  forward: {'; '.join(forwards)} (decode.backend; plain decoding ran on the same)")
-        for warning in summary.get("warnings", []):
-            lines.append(f"  WARNING: {warning}")
-        lines.append(f"  report: {summary['report']}")
-    stale = summary.get("stale", {})
-    for stage, why in stale.items():
-        lines.append(f"  STALE: {stage} output {why}")
-    if summary["promotion"]:
-        p = summary["promotion"]
-        when = " (STALE: decided on an earlier eval)" if "promote" in stale else ""
-        lines.append(f"  promotion{when}: {'PROMOTED' if p['promote'] else 'not promoted'} - " + "; ".join(p["reasons"]))
-        if p.get("registry"):
-            r = p["registry"]
-            lines.append(f"  registry: {r['path']} (v{r['version']}, aliases {r['aliases']}); vLLM: "
-                         f"--speculative-config \"$(cat {r['speculative_config']})\"")
-    return "\n".join(lines)
