@@ -1,1 +1,1 @@
-"""draftsmith package (see DESIGN.md)."""
+"""The spine: the Hydra app, config schema, pipeline, registry, tracking and demo (see docs/ARCHITECTURE.md)."""

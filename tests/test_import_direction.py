@@ -39,3 +39,11 @@ def test_tracking_does_not_import_the_wandb_registry_mirror():
     """wandb_registry uses tracking (wandb_mode, model_artifact); the reverse would be a cycle."""
     assert not any(n.startswith("draftsmith.wandb_registry") for n in imported_modules(ROOT / "draftsmith/tracking.py"))
     assert "draftsmith.tracking" in imported_modules(ROOT / "draftsmith/wandb_registry.py")
+
+
+def test_stage_packages_never_import_hydra_or_wandb():
+    """decode, train and eval take dataclasses and return results; the spine does the Hydra and W&B parts."""
+    wrong = [f"{path.relative_to(ROOT)} imports {name}"
+             for package in ("decode", "train", "eval") for path in sorted((ROOT / package).rglob("*.py"))
+             for name in imported_modules(path) if name.split(".")[0] in ("hydra", "omegaconf", "wandb")]
+    assert not wrong, "\n".join(wrong)

@@ -1,1 +1,1 @@
-"""train package (see DESIGN.md)."""
+"""datagen from the target, distillation losses and the training loop (see docs/ARCHITECTURE.md)."""

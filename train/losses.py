@@ -4,10 +4,11 @@ Pure functions on log-probabilities, last dimension = vocabulary (or buckets, se
 :func:`topk_buckets`). Each ``*_per_position`` function returns one value per position; the
 :func:`masked_mean` reduction keeps the loss on completion tokens only.
 
-Why these: the acceptance rate of a draft token under speculative sampling is
-sum_x min(p(x), q(x)) = 1 - TV(p, q), so the total variation distance is the loss that targets
-acceptance directly (DistillSpec, Zhou et al. 2024); forward KL, reverse KL and the generalized
-JSD (GKD, Agarwal et al. 2024) are its smoother relatives.
+Why these: the probability that a draft token is accepted under speculative sampling (the
+"expected acceptance" of docs/ARCHITECTURE.md) is sum_x min(p(x), q(x)) = 1 - TV(p, q), so the
+total variation distance is the loss that targets acceptance directly (DistillSpec, Zhou et al.
+2024); forward KL, reverse KL and the generalized JSD (GKD, Agarwal et al. 2024) are its smoother
+relatives.
 """
 
 from __future__ import annotations
