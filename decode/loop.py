@@ -5,12 +5,16 @@ at a time with its own KV cache, the target scores all K in one forward over K+1
 verification keeps a prefix of the drafts plus one target token. Greedy verification reproduces
 the target's greedy output token for token; rejection sampling reproduces its distribution.
 
-Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt + accepted):
+Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt + new tokens):
+- the first new token comes from the target's prefill over the whole prompt (P tokens), as in
+  plain decoding, so the rounds start at n = P + 1 and the target cache then holds P = n-1 positions;
 - ``buf[0, :n]`` holds the tokens; drafts are written at ``buf[0, n : n+k]``.
 - the target cache holds exactly n-1 positions: token n-1 is the first input of the round;
-- the draft cache holds a prefix of the accepted tokens, 1 or 2 tokens short of n, never a
-  rejected token: after a full acceptance the last draft and the bonus token are fed together in
-  the next round's first draft step (one forward instead of gpt-fast's extra catch-up forward).
+- the draft cache holds a prefix of the accepted tokens, never a rejected token: empty before the
+  first round (the draft's prefill is its first step, which reads prompt + first token in one
+  forward), then 1 or 2 tokens short of n: after a full acceptance the last draft and the bonus
+  token are fed together in the next round's first draft step (one forward instead of gpt-fast's
+  extra catch-up forward).
 """
 
 from __future__ import annotations
@@ -157,12 +161,22 @@ def speculative_generate(
     token of the tokenizer, so a padded id that one model cannot embed is never produced. Stats are
     :class:`SpeculativeStats`.
 
-    Steps of a round, with n tokens known and r new tokens still allowed:
+    First token: the target runs once over the whole prompt and its last logits give the first
+    new token (argmax, or a draw from the same filtered distribution with `generator`), exactly as
+    in :func:`autoregressive_generate`; ``stats.ttft_s`` is taken right there. The draft has not run
+    yet: its prefill is folded into its first step of round 1, after the first token is known, so
+    speculation adds nothing to the time to first token (not even the draft's prefill), and a
+    1-token output or an EOS first token costs no draft forward at all.
+
+    Steps of a round, with n tokens known and r new tokens still allowed (r >= 1):
         1. k_r = min(k, r - 1) so that the round can never overshoot ``max_new_tokens``;
-        2. the draft proposes d_1..d_k_r, feeding each one back (its own KV cache);
+        2. the draft proposes d_1..d_k_r, feeding each one back (its own KV cache; its first step
+           of round 1 reads the whole prompt and the first token: the draft's prefill);
         3. the target runs once over [x_n, d_1..d_k_r] -> k_r+1 distributions;
         4. verification keeps d_1..d_a and appends one target token (correction or bonus);
         5. both caches are cropped back to the accepted text; stop at the first EOS.
+    ``stats.rounds`` counts the verification forwards; ``target_forwards`` = 1 (prefill) + rounds;
+    tau (``mean_accepted_tokens``) = tokens from the rounds / rounds, the prefill's token excluded.
     """
     check_sampling_args(temperature, top_p, top_k)
     if not isinstance(k, int) or k < 1:
@@ -179,20 +193,22 @@ def speculative_generate(
                              draft_backend=runner_name(dft))
     buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
     buf[:, :n_prompt] = prompt
-    n = n_prompt  # tokens known: prompt + accepted
+    n = n_prompt  # tokens known: prompt + new tokens
     width = min(_logit_width(target), _logit_width(draft))  # shared token range V
 
     start = _clock(device)
-    if n_prompt > 1 and max_new_tokens > 0:  # prefill: every prompt token but the last one
-        tgt.forward(buf[:, : n - 1], keep=1)
-        dft.forward(buf[:, : n - 1], keep=1)
-    stats.prefill_s = _clock(device) - start
-
     finished = max_new_tokens <= 0
-    while not finished:
+    if not finished:  # the first token, from the target's prefill over the whole prompt
+        logits = tgt.forward(buf[:, :n], keep=1)[-1, :width]  # [V]
+        buf[0, n] = _next_token(logits, temperature, top_k, top_p, generator)
+        n += 1
+        stats.prefill_s = stats.ttft_s = _clock(device) - start
+        finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
+
+    while not finished:  # round start: the target cache holds n-1 positions
         k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
         q_rows = []
-        for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in, one draft token out
+        for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in (all n at first: prefill), one draft out
             logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1, :width]  # [V]
             if greedy:
                 buf[0, n + i] = logits.argmax(-1)
@@ -209,18 +225,16 @@ def speculative_generate(
             n_acc, nxt = verify_sampling(drafts, q, p, generator)
             stats.overlap_sum += float(expected_acceptance(p[:k_r], q).sum()) if k_r else 0.0
         buf[0, n + n_acc] = nxt
-        stats.record_round(k_r, n_acc)
 
         n_new = n_acc + 1
         eos_at = _first_eos(buf[0, n : n + n_new], eos)
         if eos_at >= 0:
             n_new, finished = eos_at + 1, True
+        stats.record_round(k_r, n_acc, n_new)
         tgt.crop(n + n_acc)  # step 5: the target saw n + k_r positions; keep n + n_acc
         dft.crop(n + n_acc)
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
-        if stats.rounds == 1:
-            stats.ttft_s = _clock(device) - start
 
     stats.total_s = _clock(device) - start
     stats.new_tokens = n - n_prompt

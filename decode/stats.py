@@ -18,7 +18,8 @@ class DecodeStats:
     Attributes:
         new_tokens: tokens generated after the prompt (EOS included when it ended the output).
         target_forwards: forward calls of the target, prefill included.
-        prefill_s: wall time of the prompt forward(s).
+        prefill_s: wall time of the target's prompt forward and the choice of the first token
+            (both loops take the first token from the target's prefill: prefill_s == ttft_s).
         ttft_s: wall time from the call to the first new token being known.
         total_s: wall time of the whole call.
         backend: which cached forward ran the target: "lean" or "hf" (see decode/lean.py).
@@ -61,7 +62,10 @@ class SpeculativeStats(DecodeStats):
 
     Attributes:
         k: the requested number of draft tokens per round (rounds near the end may draft fewer).
-        rounds: verification forwards of the target (each yields 1 .. k+1 tokens).
+        rounds: verification forwards of the target (each yields 1 .. k+1 tokens). The first new
+            token comes from the target's prefill, before any round, as in plain decoding:
+            target_forwards = 1 + rounds, new_tokens = 1 + round_tokens (when any token was made).
+        round_tokens: new tokens produced by the rounds (EOS included when it ended the output).
         drafted / accepted: draft tokens proposed / accepted by verification.
         rejected: rounds that ended with a rejected draft token (the tokens after it in the block
             were drafted but never tested).
@@ -72,6 +76,7 @@ class SpeculativeStats(DecodeStats):
 
     k: int = 0
     rounds: int = 0
+    round_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0
@@ -105,17 +110,28 @@ class SpeculativeStats(DecodeStats):
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """tau = new tokens per verification forward of the target, in [1, k+1]."""
-        return self.new_tokens / self.rounds if self.rounds else 0.0
+        """tau = new tokens per verification forward of the target, in [1, k+1].
+
+        The prefill's forward and the first token it yields are left out of both counts: plain
+        decoding pays the same prefill for the same token, and the formula's E[tokens per step]
+        (eval/theory.py) is per verification round; counting them would pull tau towards 1 on
+        short outputs.
+        """
+        return self.round_tokens / self.rounds if self.rounds else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:
         """P(draft token i accepted | it was drafted), i = 1..k."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
-    def record_round(self, k_round: int, n_accepted: int) -> None:
-        """Count one verification round that drafted `k_round` tokens and accepted `n_accepted`."""
+    def record_round(self, k_round: int, n_accepted: int, n_kept: int | None = None) -> None:
+        """Count one verification round that drafted `k_round` tokens and accepted `n_accepted`.
+
+        `n_kept` is the number of tokens the round added to the output: n_accepted + 1 (the
+        default), fewer when an EOS among them ended the output.
+        """
         self.rounds += 1
+        self.round_tokens += n_accepted + 1 if n_kept is None else n_kept
         self.drafted += k_round
         self.accepted += n_accepted
         self.rejected += int(n_accepted < k_round)

@@ -67,7 +67,7 @@ def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "token_acceptance": accepted / tested if tested else 0.0,
         "expected_acceptance": (sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0) if sampled else None,
-        "mean_accepted_tokens": sum(s.new_tokens for s in spec) / rounds if rounds else 0.0,
+        "mean_accepted_tokens": sum(s.round_tokens for s in spec) / rounds if rounds else 0.0,  # prefill token excluded
         "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_a, per_d)],
         "target_forwards": sum(s.target_forwards for s in spec),
         "draft_forwards": sum(s.draft_forwards for s in spec),

@@ -22,6 +22,8 @@ class TableLM(torch.nn.Module):
         self.pos_bias = pos_bias  # [max_positions, V]
         self.head = SimpleNamespace(weight=torch.empty(table.shape[1], 0))  # only its width is read
         self.calls: list[list[int]] = []  # the token ids of every forward, for hand checks
+        self.journal: list | None = None  # a list shared by several stubs: (name, tokens) in call order
+        self.name = ""
 
     def get_output_embeddings(self):
         return self.head
@@ -33,11 +35,21 @@ class TableLM(torch.nn.Module):
             dummy = torch.zeros(1, 1, t, 1)
             cache.update(dummy, dummy, 0)
         self.calls.append(input_ids[0].tolist())
+        if self.journal is not None:
+            self.journal.append((self.name, self.calls[-1]))
         positions = torch.arange(start, start + t)
         logits = self.table[input_ids[0]] + self.pos_bias[positions]  # [T, V]
         if logits_to_keep:
             logits = logits[-logits_to_keep:]
         return SimpleNamespace(logits=logits.unsqueeze(0))
+
+
+def share_journal(**models: TableLM) -> list:
+    """One call journal for `models` (keyword = the name it records): [(name, token ids), ...] in call order."""
+    journal: list = []
+    for name, model in models.items():
+        model.journal, model.name = journal, name
+    return journal
 
 
 def scripted(script: list[int], vocab: int, max_positions: int = 64, strength: float = 20.0) -> TableLM:
