@@ -86,11 +86,12 @@ def import_old_loop(rev: str):
     except (subprocess.CalledProcessError, FileNotFoundError) as err:
         raise SystemExit(f"--compare-old: cannot read decode/loop.py at --old-rev {rev!r} with git ({err}); "
                          "run from a git checkout or give another --old-rev") from err
-    path = Path(tempfile.mkdtemp(prefix="bench-ttft-")) / "old_loop.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("old_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="bench-ttft-") as tmp:
+        path = Path(tmp) / "old_loop.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("old_loop", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module
 
 
