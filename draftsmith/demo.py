@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from decode.artifacts import atomic_dir, write_text
+from artifacts import atomic_dir, write_text
 from decode.progress import progress
 from decode.errors import UserError
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from decode.artifacts import atomic_dir, write_json, write_text
+from artifacts import atomic_dir, write_json, write_text
 from decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
 from draftsmith.summary import summarize

@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from decode.artifacts import atomic_dir, write_json
+from artifacts import atomic_dir, write_json
 from decode.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -72,14 +72,14 @@ def speculative_config(draft_dir: str | Path, k: int) -> dict:
 def target_identity(target: str | Path) -> dict:
     """What tells a target model apart, cheaply (no weight hashing, so fine for a 70B model).
 
-    Returns ``{"path", "config_sha256" (of config.json's bytes), "tokenizer" (decode.artifacts.tokenizer_hash)}``.
+    Returns ``{"path", "config_sha256" (of config.json's bytes), "tokenizer" (artifacts.tokenizer_hash)}``.
     `target` is a local model directory or a hub id (read from the local HF cache). Two targets are the
     same when config and tokenizer agree (:func:`same_target`); the path is recorded for messages only.
     Limitation: two fine-tunes of one base model with identical config.json and tokenizer look the same.
     """
     from transformers.utils import cached_file
 
-    from decode.artifacts import tokenizer_hash
+    from artifacts import tokenizer_hash
     from decode.pair import load_tokenizer
 
     local = Path(str(target)).expanduser()

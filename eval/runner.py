@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from decode import autoregressive_generate, speculative_generate
-from decode.artifacts import atomic_dir, provenance, write_json
+from artifacts import atomic_dir, provenance, write_json
 from decode.errors import UserError, check
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from decode.progress import progress

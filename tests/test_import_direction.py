@@ -7,9 +7,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("decode", "train", "eval", "draftsmith")
-ALLOWED = {"decode": {"decode"}, "train": {"decode", "train"}, "eval": {"decode", "eval"},
-           "draftsmith": set(PACKAGES)}
+PACKAGES = ("artifacts", "decode", "train", "eval", "draftsmith")
+ALLOWED = {"artifacts": {"artifacts"}, "decode": {"decode"}, "train": {"artifacts", "decode", "train"},
+           "eval": {"artifacts", "decode", "eval"}, "draftsmith": set(PACKAGES)}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from decode.artifacts import write_json
+from artifacts import write_json
 from decode.progress import quiet_logs
 
 

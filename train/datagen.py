@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from decode.pair import load_model, load_tokenizer
 from decode.progress import progress
 from decode.errors import UserError, check

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from decode.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from decode.errors import UserError, check
 from decode.pair import check_tokenizers, load_model, load_tokenizer
 from train.checkpoints import latest_checkpoint, save_checkpoint

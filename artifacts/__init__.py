@@ -1,6 +1,8 @@
-"""Writing stage outputs atomically, and the provenance every manifest carries.
+"""Stage outputs on disk: atomic writes (a crash never leaves a half-written output), and the
+provenance every manifest carries (git revision, package versions, device, command line).
 
-Lives in `decode` because it is the base package that `train`, `eval` and `draftsmith` all import.
+A package of its own at the bottom of the import graph: `train`, `eval` and the spine
+(`draftsmith`: registry, sweep report, demo) write artifacts; the decode engine does not.
 """
 
 from __future__ import annotations
