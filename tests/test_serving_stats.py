@@ -1,0 +1,205 @@
+"""The serving A/B's statistics on hand-made data, /metrics parsing on recorded text, and ServingSettings checks."""
+
+import pytest
+
+from decode.errors import ConfigError
+from decode.vllm import SpecCounters, counters_delta, parse_spec_counters
+from eval.load import LoadResult, RequestResult
+from eval.serving_stats import (
+    best_k_per_concurrency,
+    boundary,
+    compare_outputs,
+    make_cell,
+    percentile,
+    side_stats,
+    summarize,
+    summary_lines,
+)
+from eval.settings import ServingSettings
+
+
+# -- percentiles and one side ---------------------------------------------------------------------
+def test_percentile_interpolates_linearly_between_order_statistics():
+    xs = [10.0, 20.0, 30.0, 40.0]  # positions 0..3
+    assert percentile(xs, 50) == 25.0  # pos 1.5: halfway between 20 and 30
+    assert percentile(xs, 95) == pytest.approx(38.5)  # pos 2.85: 30 + 0.85 * 10
+    assert percentile(reversed(xs), 0) == 10.0 and percentile(xs, 100) == 40.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None and percentile([None], 50) is None
+
+
+def req(i, ttft, e2e, n, ids=None, error=None, start=0.0, prompt=None):
+    return RequestResult(index=i, prompt_index=i if prompt is None else prompt, start_s=start, e2e_s=e2e, ttft_s=ttft,
+                         output_tokens=n, token_ids=ids, text="", error=error)
+
+
+def test_side_stats_by_hand():
+    # TPOT = (e2e - ttft) / (n - 1): (1.0 - 0.1) / 9 = 0.1 s and (2.1 - 0.3) / 9 = 0.2 s.
+    load = LoadResult(concurrency=2, request_rate=None, wall_s=2.0,
+                      requests=[req(0, 0.1, 1.0, 10), req(1, 0.3, 2.1, 10), req(2, None, 0.5, 0, error="HTTP 500")])
+    s = side_stats(load)
+    assert s["requests"] == 2 and s["errors"] == 1 and s["output_tokens"] == 20
+    assert s["output_tokens_per_s"] == 10.0 and s["requests_per_s"] == 1.0
+    assert s["ttft_ms_p50"] == pytest.approx(200.0) and s["ttft_ms_p95"] == pytest.approx(290.0)
+    assert s["tpot_ms_p50"] == pytest.approx(150.0) and s["tpot_ms_p95"] == pytest.approx(195.0)
+    assert s["e2e_ms_p50"] == pytest.approx(1550.0)
+
+
+def test_tpot_needs_two_tokens():
+    assert req(0, 0.1, 0.1, 1).tpot_s is None and req(0, None, 1.0, 0).tpot_s is None
+
+
+# -- outputs on vs off ----------------------------------------------------------------------------
+def test_compare_outputs_reports_the_first_mismatch():
+    plain = LoadResult(1, None, 1.0, [req(0, .1, 1, 3, [5, 6, 7]), req(1, .1, 1, 3, [8, 9, 10], prompt=0)])
+    same = LoadResult(1, None, 1.0, [req(0, .1, 1, 3, [5, 6, 7]), req(1, .1, 1, 3, [8, 9, 10], prompt=0)])
+    assert compare_outputs(same, plain) == {"outputs_equal": True, "compared": 2, "mismatches": 0, "by": "token_ids",
+                                            "first_mismatch": None}
+    other = LoadResult(1, None, 1.0, [req(0, .1, 1, 3, [5, 6, 7]), req(1, .1, 1, 3, [8, 4, 10], prompt=0)])
+    out = compare_outputs(other, plain)
+    assert out["outputs_equal"] is False and out["mismatches"] == 1
+    assert out["first_mismatch"] == {"request": 1, "prompt_index": 0, "position": 1, "spec": [4, 10], "plain": [9, 10]}
+    shorter = LoadResult(1, None, 1.0, [req(0, .1, 1, 2, [5, 6]), req(1, .1, 1, 3, [8, 9, 10], prompt=0)])
+    assert compare_outputs(shorter, plain)["first_mismatch"]["position"] == 2  # a prefix is not equal
+
+
+def test_compare_outputs_falls_back_to_text_and_skips_failed_requests():
+    a = LoadResult(1, None, 1.0, [req(0, .1, 1, 2), req(1, None, 1, 0, error="boom")])
+    b = LoadResult(1, None, 1.0, [req(0, .1, 1, 2), req(1, .1, 1, 2)])
+    a.requests[0].text = b.requests[0].text = " w1 w2"
+    out = compare_outputs(a, b)
+    assert out["by"] == "text" and out["compared"] == 1 and out["outputs_equal"] is True
+    assert compare_outputs(LoadResult(1, None, 1.0, []), b)["outputs_equal"] is None  # nothing compared: unknown
+
+
+# -- cells, boundary, best K ----------------------------------------------------------------------
+def test_make_cell_ratios_and_vllm_acceptance():
+    spec = LoadResult(4, None, 1.0, [req(0, 0.1, 0.5, 9, [1] * 9)])  # TPOT 50 ms, 9 tok/s
+    plain = LoadResult(4, None, 3.0, [req(0, 0.2, 1.0, 9, [1] * 9)])  # TPOT 100 ms, 3 tok/s
+    counters = SpecCounters(drafts=10, draft_tokens=40, accepted_tokens=25, accepted_per_pos={0: 9, 1: 8, 2: 5, 3: 3})
+    cell = make_cell("trained", 4, spec, plain, counters)
+    assert (cell["draft"], cell["k"], cell["concurrency"]) == ("trained", 4, 4)
+    assert cell["speedup"] == pytest.approx(3.0) and cell["tpot_ratio"] == pytest.approx(0.5)
+    assert cell["ttft_ratio"] == pytest.approx(0.5)
+    assert cell["acceptance_rate"] == pytest.approx(25 / 40)
+    assert cell["per_position_acceptance"] == pytest.approx([0.9, 0.8, 0.5, 0.3])
+    assert cell["mean_accepted_tokens"] == pytest.approx(3.5)
+    assert cell["outputs_equal"] is True
+    for side in ("spec", "plain"):
+        assert {"output_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50"} <= set(cell[side])
+
+
+def test_boundary_interpolates_in_log2_concurrency():
+    # 1.5x at 4, 0.5x at 16: halfway in log2 between 4 (2) and 16 (4) -> 2^3 = 8.
+    b = boundary([(1, 2.0), (16, 0.5), (4, 1.5)])
+    assert b["status"] == "crosses" and b["concurrency"] == pytest.approx(8.0) and b["pays_up_to"] == 4
+    # 1.2x at 1, 0.8x at 4: t = 0.2 / 0.4 -> 2^1 = 2.
+    assert boundary([(1, 1.2), (4, 0.8)])["concurrency"] == pytest.approx(2.0)
+    # speedup exactly 1 does not pay: the crossing is at that level.
+    assert boundary([(1, 2.0), (2, 1.0)])["concurrency"] == pytest.approx(2.0)
+
+
+def test_boundary_outside_the_measured_range():
+    beyond = boundary([(1, 2.0), (4, 1.3), (16, 1.05)])
+    assert beyond["status"] == "beyond" and beyond["concurrency"] is None and beyond["pays_up_to"] == 16
+    assert "beyond the measured range" in beyond["text"]
+    never = boundary([(1, 0.9), (4, 0.7)])
+    assert never["status"] == "never" and never["pays_up_to"] is None
+    assert boundary([])["status"] == "unmeasured"
+
+
+def cell(draft, k, conc, speedup):
+    return {"draft": draft, "k": k, "concurrency": conc, "request_rate": None, "speedup": speedup,
+            "outputs_equal": True}
+
+
+CELLS = [cell("d", 2, 1, 1.8), cell("d", 4, 1, 2.5), cell("d", 2, 4, 1.3), cell("d", 4, 4, 1.1),
+         cell("d", 2, 16, 0.9), cell("d", 4, 16, 0.7)]
+
+
+def test_best_k_per_concurrency_turns_speculation_off_where_no_k_pays():
+    assert best_k_per_concurrency(CELLS) == [{"concurrency": 1, "k": 4, "speedup": 2.5},
+                                             {"concurrency": 4, "k": 2, "speedup": 1.3},
+                                             {"concurrency": 16, "k": 0, "speedup": 1.0}]
+    tie = [cell("d", 2, 1, 1.5), cell("d", 4, 1, 1.5)]
+    assert best_k_per_concurrency(tie)[0]["k"] == 2  # a tie goes to the cheaper K
+
+
+def test_summarize_and_summary_lines():
+    summary = summarize(CELLS + [cell("e", 2, 1, 0.8), {**cell("d", 2, None, 3.0), "request_rate": 2.0}])
+    assert set(summary) == {"d", "e"}
+    k2 = summary["d"]["per_k"][0]
+    assert k2["k"] == 2 and k2["status"] == "crosses"
+    assert k2["concurrency"] == pytest.approx(2 ** (2 + 0.3 / 0.4 * 2))  # 1.3 at 4 -> 0.9 at 16
+    assert summary["e"]["per_k"][0]["status"] == "never"
+    lines = summary_lines({"cells": CELLS, "boundary": summarize(CELLS)})
+    assert lines[0].startswith("serving d K=2: 1.80x at concurrency 1, 0.90x at 16; speedup falls to 1x")
+    assert lines[-1] == "serving d best K per concurrency: 1: K=4, 4: K=2, 16: off"
+
+
+# -- /metrics ---------------------------------------------------------------------------------------
+def metrics_text(e0: dict, e1: dict) -> str:
+    """vLLM's /metrics as prometheus_client writes it: two engines, _created samples, another family."""
+    lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+             "# TYPE vllm:num_requests_running gauge",
+             'vllm:num_requests_running{engine="0",model_name="m"} 0.0']
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        full = f"vllm:spec_decode_{name}"
+        lines += [f"# HELP {full}_total counter", f"# TYPE {full}_total counter",
+                  f'{full}_total{{engine="0",model_name="m"}} {e0[name]}',
+                  f'{full}_total{{engine="1",model_name="m"}} {e1[name]}',
+                  f'{full}_created{{engine="0",model_name="m"}} 1.7e9']
+    full = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    lines += [f"# HELP {full} per position", f"# TYPE {full} counter"]
+    for engine, e in (("0", e0), ("1", e1)):
+        lines += [f'{full}{{engine="{engine}",model_name="m",position="{i}"}} {v}' for i, v in enumerate(e["pos"])]
+    return "\n".join(lines) + "\n"
+
+
+def engine(drafts, draft_tokens, accepted, pos):
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted, "pos": pos}
+
+
+def test_spec_counters_summed_over_engines():
+    c = parse_spec_counters(metrics_text(engine(10, 20, 12, [7, 5]), engine(5, 10, 3, [2, 1])))
+    assert (c.drafts, c.draft_tokens, c.accepted_tokens) == (15, 30, 15)
+    assert c.accepted_per_pos == {0: 9, 1: 6}
+    assert c.acceptance_rate() == 0.5 and c.per_position_acceptance() == [9 / 15, 6 / 15]
+    assert c.mean_accepted_tokens() == 2.0
+
+
+def test_counter_difference_handles_a_reset_per_engine():
+    before = metrics_text(engine(10, 20, 12, [7, 5]), engine(5, 10, 3, [2, 1]))
+    # engine 0 moved on by (4, 8, 6, [4, 2]); engine 1 restarted and counted (2, 4, 1, [1, 0]) since.
+    after = metrics_text(engine(14, 28, 18, [11, 7]), engine(2, 4, 1, [1, 0]))
+    d = counters_delta(before, after)
+    assert (d.drafts, d.draft_tokens, d.accepted_tokens) == (6, 12, 7)
+    assert d.accepted_per_pos == {0: 5, 1: 2}
+    assert counters_delta(after, after).acceptance_rate() is None  # nothing drafted in between
+
+
+def test_no_spec_counters_on_a_plain_server():
+    text = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
+    c = parse_spec_counters(text)
+    assert c.drafts == 0 and c.acceptance_rate() is None and c.per_position_acceptance() == []
+
+
+# -- settings ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, key", [
+    ({"engine": "sglang"}, "eval.serving.engine"),
+    ({"concurrency": []}, "eval.serving.concurrency"),
+    ({"concurrency": [0, 4]}, "eval.serving.concurrency"),
+    ({"request_rate": [0.0]}, "eval.serving.request_rate"),
+    ({"max_tokens": 0}, "eval.serving.max_tokens"),
+    ({"url": "http://h:8000"}, "eval.serving.baseline_url"),
+    ({"url": "h:8000", "baseline_url": "http://h:8001"}, "eval.serving.url"),
+    ({"gpu_memory_utilization": 1.5}, "eval.serving.gpu_memory_utilization"),
+])
+def test_serving_settings_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        ServingSettings(**kwargs)
+
+
+def test_serving_settings_defaults_leave_eval_as_today():
+    s = ServingSettings()
+    assert s.engine == "none" and s.concurrency == [1, 4, 16] and s.request_rate == []

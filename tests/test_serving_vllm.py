@@ -1,0 +1,74 @@
+"""The real serving A/B on vLLM with a tiny Llama pair (slow; skipped, saying why, where vLLM is not importable).
+
+The vLLM interpreter: $DRAFTSMITH_VLLM_PYTHON, else ``.venv-vllm/bin/python`` in the repository when it
+exists, else this interpreter (see README: vLLM lives in its own venv).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_model, make_tokenizer, perturbed_copy, prompts
+from decode.vllm import probe_vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vllm_python() -> str:
+    default = ROOT / ".venv-vllm" / "bin" / "python"
+    return os.environ.get("DRAFTSMITH_VLLM_PYTHON") or (str(default) if default.exists() else sys.executable)
+
+
+@pytest.fixture(scope="module")
+def vllm_info():
+    info = probe_vllm(vllm_python())
+    if not info["ok"]:
+        pytest.skip(f"vLLM is not importable by {vllm_python()} ({info['reason']}); set DRAFTSMITH_VLLM_PYTHON")
+    return info
+
+
+@pytest.mark.slow
+def test_real_serving_ab_on_a_tiny_pair(vllm_info, tmp_path):
+    import torch
+
+    from decode import autoregressive_generate
+    from eval.serving import run_serving_ab
+    from eval.serving_stats import summary_lines
+    from eval.settings import ServingSettings
+
+    tokenizer = make_tokenizer()
+    target = make_model("llama", seed=0, hidden=128)  # head_dim 32: the smallest vLLM's CPU attention takes
+    draft = make_model("llama", seed=0, hidden=128, layers=1)
+    noisy = perturbed_copy(target, 0.3).state_dict()
+    draft.load_state_dict({k: v for k, v in noisy.items() if k in draft.state_dict()})  # a partly agreeing draft
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    ids = [p[0].tolist() for p in prompts(8, seed=1)]
+    max_tokens = 16
+    reference = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=max_tokens).sequences[0, len(p):]
+                 .tolist() for p in ids]  # draftsmith's own greedy loop
+
+    settings = ServingSettings(engine="vllm", concurrency=[1, 4], max_tokens=max_tokens, max_prompts=8, warmup=1,
+                               python=vllm_python(), startup_timeout_s=300, kvcache_gib=1)
+    serving = run_serving_ab(settings, target=str(tmp_path / "target"), drafts={"tiny": str(tmp_path / "draft")},
+                             k=[2], prompts=ids, out_dir=tmp_path / "eval", reference=reference)
+    for line in summary_lines(serving):
+        print(line)
+    for c in serving["cells"]:
+        print(f"concurrency {c['concurrency']}: spec {c['spec']['output_tokens_per_s']:.1f} tok/s, plain "
+              f"{c['plain']['output_tokens_per_s']:.1f} tok/s, speedup {c['speedup']:.2f}, acceptance "
+              f"{c['acceptance_rate']:.2f}, per position {[round(a, 2) for a in c['per_position_acceptance']]}, "
+              f"TPOT p50 {c['spec']['tpot_ms_p50']:.1f} vs {c['plain']['tpot_ms_p50']:.1f} ms")
+    assert serving["vllm"]["device"] == vllm_info["device"]
+    assert [(c["k"], c["concurrency"]) for c in serving["cells"]] == [(2, 1), (2, 4)]
+    for c in serving["cells"]:
+        assert c["spec"]["errors"] == 0 and c["plain"]["errors"] == 0
+        assert c["spec"]["output_tokens"] == c["plain"]["output_tokens"] == max_tokens * c["spec"]["requests"]
+        assert c["by"] == "token_ids" and c["outputs_equal"] is True, c["first_mismatch"]
+        assert c["plain_equals_reference"] is True and c["spec_equals_reference"] is True
+        assert 0.0 <= c["acceptance_rate"] <= 1.0 and len(c["per_position_acceptance"]) == 2
+        assert c["speedup"] > 0
+    assert (tmp_path / "eval" / "serving.json").exists() and (tmp_path / "eval" / "serving_speedup.png").exists()
