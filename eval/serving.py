@@ -119,6 +119,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     With `settings.url` / `settings.baseline_url` nothing is launched: the cells are labelled with the
     only draft name given (else "served") and the K read from the server's per-position counters.
     """
+    if settings.engine != "vllm":
+        raise ConfigError(f"eval.serving.engine={settings.engine!r}: set eval.serving.engine=vllm to run the serving A/B")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [list(map(int, p)) for p in prompts[:settings.max_prompts]]

@@ -114,3 +114,10 @@ def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
         with pytest.raises(VllmError, match="drafted nothing"):
             run_serving_ab(settings, target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS, out_dir=tmp_path,
                            log=lambda *_: None)
+
+
+def test_ab_needs_engine_vllm(tmp_path):
+    from decode.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.serving.engine=vllm"):
+        run_serving_ab(ServingSettings(), target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS, out_dir=tmp_path)
