@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from artifacts import write_json
+from decode.errors import ConfigError
 from decode.vllm import ServerSpec, SpecCounters, VllmServer, counters_delta, require_vllm, scrape_metrics
 from eval.load import LoadResult, run_load, served_model
 from eval.serving_stats import compare_reference, make_cell, summarize, summary_lines  # noqa: F401 (re-export)
