@@ -23,7 +23,7 @@ def setup(arch):
 @pytest.mark.parametrize("draft_name", DRAFTS)
 def test_greedy_matches_target_for_every_k(setup, arch, draft_name):
     target, drafts, ps, refs = setup
-    alphas = []
+    rates = []
     for p, ref in zip(ps, refs):
         assert torch.equal(autoregressive_generate(target, p, max_new_tokens=MAX_NEW).sequences, ref)
         for k in range(1, 9):
@@ -32,10 +32,10 @@ def test_greedy_matches_target_for_every_k(setup, arch, draft_name):
             assert out.stats.new_tokens == MAX_NEW
             # llama / qwen2 run the lean forward (decode/lean.py), gpt2 the HF one: both paths covered
             assert out.stats.backend == out.stats.draft_backend == ("hf" if arch == "gpt2" else "lean")
-            alphas.append(out.stats.acceptance_rate)
-    alpha = sum(alphas) / len(alphas)
+            rates.append(out.stats.acceptance_rate)
+    rate = sum(rates) / len(rates)
     expected = {"same": (0.99, 1.0), "random": (0.0, 0.1), "partial": (0.2, 0.9)}[draft_name]
-    assert expected[0] <= alpha <= expected[1], f"{draft_name}: mean acceptance {alpha:.3f}"
+    assert expected[0] <= rate <= expected[1], f"{draft_name}: mean acceptance rate {rate:.3f}"
 
 
 @pytest.mark.parametrize("k", [3, 5])
