@@ -16,7 +16,7 @@ from typing import Optional
 
 from decode.errors import ConfigError, check_choice
 from eval.gates import Gates
-from eval.settings import DecodeSettings, EvalSettings
+from eval.settings import DecodeSettings, EvalSettings, ServingSettings
 from train.settings import DatagenSettings, TrainSettings
 
 __all__ = ["ConfigError", "DraftsmithConfig", "STAGES", "DEMO", "register_schema", "validate"]
@@ -58,6 +58,7 @@ class EvalSection(EvalSettings):
 
     compare_base: bool = True  # evaluate pair.draft beside the trained draft
     compare_production: bool = True  # evaluate the registry's production draft too (champion gate)
+    serving: ServingSettings = field(default_factory=ServingSettings)  # the serving A/B on vLLM (eval/serving.py)
 
 
 @dataclass(kw_only=True)
@@ -66,9 +67,12 @@ class PromoteConfig(Gates):
 
     name: str = "draft"  # registry entry name
     alias: str = "production"  # alias moved to a promoted version
+    serving_concurrency: Optional[int] = None  # the concurrency served at: gates and K from the serving A/B there
 
     def __post_init__(self):
         super().__post_init__()
+        if self.serving_concurrency is not None and self.serving_concurrency < 1:
+            raise ConfigError(f"promote.serving_concurrency must be >= 1 (or unset), got {self.serving_concurrency}")
         from draftsmith.registry import ALIAS_RE, NAME_RE
 
         if not NAME_RE.match(self.name or ""):

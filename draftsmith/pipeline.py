@@ -53,6 +53,7 @@ class Pipeline:
         self.tracker = Tracker(cfg.tracking, config_dict or asdict(cfg), self.out, group=cfg.name)
         self._pair: tuple[str, str] | None = None
         self.hashes: dict[str, str] = {}
+        self.serving_note: str | None = None  # why eval.serving.engine=auto found no vLLM
         self.ran: dict[str, str] = {}  # stage -> "ran" | "skipped"
 
     # -- inputs -----------------------------------------------------------------------------
@@ -104,6 +105,20 @@ class Pipeline:
                 raise ConfigError(f"the {p.alias} draft of promote.name={p.name!r} in registry.root="
                                   f"{self.cfg.registry.root} is not for this target ({exc}); use another "
                                   "promote.name (or registry.root), or eval.compare_production=false") from exc
+
+    def resolve_serving_engine(self) -> None:
+        """eval.serving.engine: `vllm` must be importable by eval.serving.python (a one-line error with the
+        install recipe otherwise, before any work); `auto` becomes vllm when it is, else none (the table
+        then says how to turn the serving A/B on)."""
+        from decode.vllm import probe_vllm, require_vllm
+
+        serving = self.cfg.eval.serving
+        if serving.engine == "vllm" and serving.url is None:
+            require_vllm(serving.python)
+        elif serving.engine == "auto":
+            found = probe_vllm(serving.python)
+            self.serving_note = None if found["ok"] else found["reason"]
+            serving.engine = "vllm" if found["ok"] else "none"
 
     def production(self) -> dict | None:
         """The registry's current production version record (None when there is none)."""
@@ -285,8 +300,21 @@ class Pipeline:
                 **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
                 target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device))
             log_eval(run, metrics)
+            if cfg.eval.serving.engine == "vllm":
+                self.serving_ab(target, drafts, prompts, out)
 
         self._stage("eval", out, section, body, inputs=inputs)
+
+    def serving_ab(self, target: str, drafts: dict[str, str], prompts: dict, out: Path) -> None:
+        """The serving A/B on vLLM (eval/serving.py) into ``DIR/eval/serving.json``, on the eval's prompts."""
+        from eval.runner import file_prompts, heldout_prompts
+        from eval.serving import run_serving_ab
+
+        serving = self.cfg.eval.serving
+        ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
+               else file_prompts(prompts["prompts_file"], serving.max_prompts))
+        run_serving_ab(serving, target=target, drafts=drafts, k=list(self.cfg.eval.k),
+                       prompts=[p[0].tolist() for p in ids], out_dir=str(out), dtype=self.cfg.pair.dtype, log=self.log)
 
     def promote(self) -> None:
         from draftsmith.promote import promote
@@ -318,7 +346,10 @@ class Pipeline:
 
     def summary(self) -> dict:
         """What the terminal table shows (see :func:`draftsmith.summary.summarize`)."""
-        return summarize(self.out, self.ran)
+        summary = summarize(self.out, self.ran)
+        if self.serving_note is not None:
+            summary["serving_off"] = self.serving_note
+        return summary
 
 
 def settings_of(section, settings_cls) -> dict:

@@ -87,3 +87,5 @@ def preflight(pipeline) -> None:
         check_weight_files(target, "target")
     if stages & {"eval", "promote"}:
         pipeline.check_registry_target(target)
+    if "eval" in stages:
+        pipeline.resolve_serving_engine()

@@ -49,6 +49,12 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
         result["drafts"] = metrics["summary"]
         result["report"] = str(out / "eval" / "report.md")
         result["warnings"] = metrics.get("warnings", [])
+    serving_path = out / "eval" / "serving.json"
+    if serving_path.exists():
+        from eval.serving_stats import summary_lines
+
+        serving = json.loads(serving_path.read_text())
+        result["serving"] = {"lines": summary_lines(serving), "path": str(serving_path)}
     promotion_path = out / "promote" / "promotion.json"
     if promotion_path.exists():
         promotion = json.loads(promotion_path.read_text())
@@ -84,6 +90,12 @@ def format_summary(summary: dict) -> str:
         for warning in summary.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
         lines.append(f"  report: {summary['report']}")
+    if summary.get("serving"):
+        lines += [f"  {line}" for line in summary["serving"]["lines"]]
+        lines.append(f"  serving A/B on vLLM: {summary['serving']['path']}")
+    elif summary.get("serving_off"):
+        lines.append(f"  serving A/B on vLLM: off ({summary['serving_off']}); to measure speculation at the "
+                     "concurrency you serve, install vLLM (README: 'Serving A/B on vLLM') and set eval.serving.python")
     stale = summary.get("stale", {})
     for stage, why in stale.items():
         lines.append(f"  STALE: {stage} output {why}")

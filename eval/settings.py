@@ -66,7 +66,7 @@ class ServingSettings:
     off (or the user's servers at `url` / `baseline_url` are used) and is driven at each load level.
     """
 
-    engine: str = "none"  # none (no serving A/B) | vllm
+    engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when eval.serving.python imports it, else none)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])  # closed-loop clients, one cell each
     request_rate: list[float] = field(default_factory=list)  # open-loop Poisson arrivals (requests/s); [] = none
     max_tokens: int = 64  # output tokens per request
@@ -87,7 +87,7 @@ class ServingSettings:
     extra_args: list[str] = field(default_factory=list)  # more api_server arguments, e.g. ["--max-model-len", "2048"]
 
     def __post_init__(self):
-        check_choice("eval.serving.engine", self.engine, ("none", "vllm"))
+        check_choice("eval.serving.engine", self.engine, ("none", "vllm", "auto"))
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,
               f"eval.serving.concurrency must be a non-empty list of integers >= 1, got {list(self.concurrency)}")

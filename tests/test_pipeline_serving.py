@@ -1,0 +1,54 @@
+"""The serving A/B inside the pipeline: eval.serving.engine=vllm|auto|none, wired through start-up checks, the
+eval stage (DIR/eval/serving.json) and the end-of-run table. vLLM is played by the fake interpreter of
+tests/serving_fakes.py (a real OpenAI-compatible streaming server with vLLM's counters); the real engine runs in
+tests/test_serving_vllm.py."""
+
+import json
+
+import pytest
+from serving_fakes import write_fake_python
+from test_pipeline import _expect_user_error, pair, run_cli, tiny_args  # noqa: F401  (pair is a fixture)
+
+
+def serving_args(pair, tmp_path, *extra):  # noqa: F811
+    return tiny_args(pair, tmp_path, "stages=[eval]", "eval.k=[2]", "eval.serving.concurrency=[1,2]",
+                     "eval.serving.max_tokens=4", "eval.serving.max_prompts=3", "eval.serving.warmup=0",
+                     "eval.serving.startup_timeout_s=60", *extra)
+
+
+def test_eval_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_path, monkeypatch, capsys):  # noqa: F811
+    fake = write_fake_python(tmp_path)
+    run_cli(monkeypatch, serving_args(pair, tmp_path, "eval.serving.engine=vllm", f"eval.serving.python={fake}"))
+    serving = json.loads((tmp_path / "run/eval/serving.json").read_text())
+    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {("base", 2, 1), ("base", 2, 2)}
+    assert all(c["outputs_equal"] for c in serving["cells"]) and "base" in serving["boundary"]
+    assert (tmp_path / "run/eval/metrics.json").exists()  # the batch-1 eval is still there
+    printed = capsys.readouterr().out
+    assert "serving base K=2:" in printed and "at concurrency 1" in printed and "serving A/B on vLLM:" in printed
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["serving"]["path"].endswith("serving.json")
+
+
+def test_engine_auto_without_vllm_turns_the_ab_off_and_says_how_to_turn_it_on(pair, tmp_path, monkeypatch,  # noqa: F811
+                                                                               capsys):
+    missing = tmp_path / "no-such-python"
+    run_cli(monkeypatch, serving_args(pair, tmp_path, "eval.serving.engine=auto", f"eval.serving.python={missing}"))
+    assert not (tmp_path / "run/eval/serving.json").exists()
+    assert "serving A/B on vLLM: off (" in capsys.readouterr().out
+
+
+def test_engine_vllm_without_vllm_fails_before_any_work(pair, tmp_path, monkeypatch, capsys):  # noqa: F811
+    missing = tmp_path / "no-such-python"
+    capsys.readouterr()
+    _expect_user_error(monkeypatch, capsys, serving_args(pair, tmp_path, "eval.serving.engine=vllm",
+                                                         f"eval.serving.python={missing}"), "vLLM is not importable")
+    assert not (tmp_path / "run" / "eval").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.serving.engine=sglang", "eval.serving.engine='sglang' is not one of"),
+    ("eval.serving.concurrency=[0]", "eval.serving.concurrency must be"),
+    ("promote.serving_concurrency=0", "promote.serving_concurrency must be >= 1"),
+])
+def test_serving_settings_are_checked_at_start_up(pair, tmp_path, monkeypatch, capsys, override, message):  # noqa: F811
+    _expect_user_error(monkeypatch, capsys, serving_args(pair, tmp_path, override), message)
