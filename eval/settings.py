@@ -76,7 +76,8 @@ class ServingSettings:
     seed: int = 0  # the Poisson arrival times
     url: Optional[str] = None  # a running server with speculation on (e.g. on a GPU node): no launch
     baseline_url: Optional[str] = None  # ... and the same target with speculation off (goes with url)
-    python: Optional[str] = None  # the interpreter that imports vllm (its own venv); None = this one
+    python: Optional[str] = None  # the interpreter that imports vllm (its own venv); None = $DRAFTSMITH_VLLM_PYTHON,
+    # else ./.venv-vllm/bin/python when it exists, else this one
     startup_timeout_s: float = 600.0  # wait for the server's /health
     request_timeout_s: float = 600.0
     gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU

@@ -31,7 +31,8 @@ def tiny_args(pair, tmp_path, *extra):
             "data.max_new_tokens=6", "data.heldout_fraction=0.25", "data.top_k_logprobs=8", "method.steps=3",
             "method.batch_size=4", "method.eval_every=0", "method.save_every=0", "method.device=cpu", "eval.k=[1,2]",
             "eval.max_new_tokens=8", "eval.max_prompts=3", "eval.cost_repeats=1", "promote.name=tiny",
-            "promote.min_speedup=0.01", "promote.min_acceptance_rate=0.0", "promote.champion_margin=-100", *extra]
+            "promote.min_speedup=0.01", "promote.min_acceptance_rate=0.0", "promote.champion_margin=-100",
+            "eval.serving.engine=none", *extra]  # the serving A/B: tests/test_pipeline_serving.py
 
 
 def run_cli(monkeypatch, args):
@@ -329,10 +330,13 @@ def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
     run_cli(monkeypatch, ["demo.preset=tiny", f"out_dir={tmp_path / 'run'}", f"registry.root={tmp_path / 'registry'}",
                           f"hydra.run.dir={tmp_path / 'hydra'}", "data.demo_prompts=40", "data.max_new_tokens=6",
                           "method.steps=3", "method.eval_every=0", "method.save_every=0", "eval.k=[2]",
-                          "eval.max_new_tokens=8", "eval.max_prompts=2", "eval.cost_repeats=1"])
+                          "eval.max_new_tokens=8", "eval.max_prompts=2", "eval.cost_repeats=1",
+                          f"eval.serving.python={tmp_path / 'no-vllm-python'}"])  # the demo's serving A/B: auto
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert set(summary["drafts"]) == {"trained", "base"}
     assert summary["promotion"] is not None  # decided (a 3-step tiny draft is usually rejected), and recorded
     prompts = [json.loads(line)["prompt"] for line in (tmp_path / "run/demo_prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == 40
-    assert "draftsmith demo: building the demo pair" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "draftsmith demo: building the demo pair" in printed
+    assert "serving A/B on vLLM: off (" in printed  # eval.serving.engine=auto, and no vLLM at that python
