@@ -88,7 +88,8 @@ class SpeculativeStats(DecodeStats):
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha = accepted / drafted (0 when nothing was drafted)."""
+        """Acceptance rate = accepted / drafted (0 when nothing was drafted); the α of the speedup formula is
+        token acceptance (accepted / tested, eval.metrics)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property

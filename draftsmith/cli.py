@@ -44,6 +44,9 @@ def run(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from decode.progress import quiet_library_bars
+
+    quiet_library_bars()  # non-interactive logs (CI, SLURM, > log): no library progress bars
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         _fail(required_message(missing, "to the command line"))

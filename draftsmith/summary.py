@@ -72,17 +72,22 @@ def _read_marker(out: Path) -> dict | None:
 
 
 def format_summary(summary: dict) -> str:
-    """The end-of-run table: base vs trained draft, alpha, tau, best K, speedup, decision, paths."""
+    """The end-of-run table: per draft acceptance rate, token acceptance alpha, tau, best K, speedup; the
+    serving A/B; the decision; stale outputs; paths."""
     lines = [f"draftsmith: {summary['out_dir']}  (stages: "
              + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ")"]
     if summary["drafts"]:
-        lines.append(f"  {'draft':<12} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup':>8} {'greedy==':>8}")
+        lines.append(f"  {'draft':<12} {'acc.rate':>8} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup':>8} {'greedy==':>8}")
         for name, s in summary["drafts"].items():
             match = "-" if s.get("greedy_match") is None else f"{s['greedy_match']:.2f}"
-            lines.append(f"  {name:<12} {s['acceptance_rate']:>6.3f} {s['mean_accepted_tokens']:>6.2f} "
+            alpha = s.get("token_acceptance")
+            alpha = "-" if alpha is None else f"{alpha:.3f}"
+            lines.append(f"  {name:<12} {s['acceptance_rate']:>8.3f} {alpha:>6} {s['mean_accepted_tokens']:>6.2f} "
                          f"{s['best_k']:>6} {s['speedup']:>7.2f}x {match:>8}")
-        lines.append("  alpha: acceptance rate (accepted / drafted); tau: tokens per target forward; "
-                     "speedup: measured vs plain decoding at best K")
+        lines.append("  acc.rate: acceptance rate (accepted / drafted); alpha: token acceptance (accepted / tested; "
+                     "the alpha of the speedup formula)")
+        lines.append("  tau: tokens per verification forward of the target; speedup: measured vs plain decoding at "
+                     "best K")
         forwards = sorted({f"target {b['target']} / draft {b['draft']}"
                            for b in (s.get("backend") for s in summary["drafts"].values()) if b})
         if forwards:

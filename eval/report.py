@@ -74,7 +74,7 @@ def _backend_lines(metrics: dict) -> list[str]:
 
 LEGEND = ("Acceptance rate: accepted / drafted draft tokens. Token acceptance α: accepted / tested draft tokens "
           "(the drafted tokens after a rejection are never tested), the α of the predicted speedup "
-          "(1 − α^(K+1)) / ((1 − α)(K·c + c_v)). τ: tokens per target forward. Speedup: plain / speculative wall "
+          "(1 − α^(K+1)) / ((1 − α)(K·c + c_v)). τ: tokens per verification forward of the target. Speedup: plain / speculative wall "
           "time on the same prompts.")
 
 
