@@ -18,8 +18,21 @@ cannot each "beat" an empty or stale production. Inside the lock:
 4. A passing candidate is registered and the alias moved before the lock is released (the W&B
    mirror is linked inside the lock as well, so its alias moves in the same order).
 
+The serving basis: when the eval ran the serving A/B on vLLM (``DIR/eval/serving.json``) and it has
+cells of the candidate, the gates and the K are taken from it at ``promote.serving_concurrency`` (the
+concurrency the team serves at; unset: the lowest measured level; not measured: the nearest measured
+level above it, else the highest; the record's ``serving.concurrency_note`` says which): ``speedup`` is
+the throughput ratio of the best K there, ``best_k`` that K (0 = no K pays: not promoted, "serve
+without speculation"), ``acceptance_rate`` vLLM's at that cell, the batch-1 summary kept under
+``batch1``; a cell whose greedy outputs differ with speculation on vs off fails the greedy gate. The
+champion is then compared at the same concurrency: the draft the serving A/B measured as
+``production``, else the serving.json recorded with the production version (same eval set, same
+serving settings), else the candidate is refused. The version stores serving.json, the K per
+concurrency band (``k_by_concurrency``) and the winning K in speculative_config.json.
+
 Registering a draft that already is the production version is not a new version. Besides the
-gates' fields, promotion.json records ``compared_with`` ({version, speedup, source, eval_set} of
+gates' fields, promotion.json records ``basis`` ("serving" or "batch-1"), ``serving`` (the serving
+figures of the decision, or None), ``compared_with`` ({version, speedup, source, eval_set} of
 the production draft the decision was taken against, or None when there was none),
 ``decision_retaken`` (True when that production is not the draft the eval measured),
 ``eval_measured_production`` and ``target`` (the target's identity).
@@ -35,7 +48,8 @@ from draftsmith.config import DraftsmithConfig
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, target_mismatch
 from eval.gates import decide
-from eval.runner import load_metrics
+from eval.runner import EvalError, load_metrics
+from eval.serving_stats import best_k_per_concurrency
 
 MEASURED = "measured in this eval"
 
@@ -51,34 +65,42 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     candidate_fp = fingerprint(draft_dir)
     measured = _measured_production(metrics)
     target = target_identity(metrics["config"]["target"]) if metrics["config"].get("target") else None
+    serving = _load_serving(Path(out_dir) / "eval" / "serving.json")
+    view = _serving_candidate(serving, name, metrics, getattr(p, "serving_concurrency", None))
+    served = _served_production(serving, measured) if view else None
+    candidate = view or metrics["summary"][name]
+    info = candidate.get("serving")  # the serving A/B figures the decision is taken on, or None (batch 1)
     base = {"name": p.name, "candidate_draft": str(draft_dir), "candidate_name": name,
-            "eval_set": metrics.get("eval_set"), "registry": None, "target": target}
-    summary = metrics["summary"]
+            "eval_set": metrics.get("eval_set"), "registry": None, "target": target,
+            "basis": "serving" if info else "batch-1", "serving": info}
 
     with registry.transaction(p.name) as tx:
         production = tx.find(p.alias)
         if production is not None:
-            measured = _with_version(measured, tx)
+            measured, served = _with_version(measured, tx), _with_version(served, tx)
+        seen = served if info else measured
         base.update(eval_measured_production=measured, decision_retaken=False, compared_with=None)
         mismatch = target_mismatch(registry, p.name, target)
         if mismatch is not None:
-            return _refuse(decide(summary[name], gates, None), base, mismatch, production)
+            return _refuse(_decide(candidate, gates), base, mismatch, production)
         if production is not None and production["fingerprint"] == candidate_fp:
-            record = decide(summary[name], gates, None)
+            record = decide(candidate, gates, None)
             record.update(base, promote=True, reasons=[f"already {p.alias}: v{production['version']} of {p.name!r} "
                                                        "is this draft; no new version"])
             record["registry"] = _registry_info(registry, p.name, production["version"])
             return record
 
-        champion, compared, refusal = _champion(tx, p.alias, production, measured, metrics)
+        champion, compared, refusal = (
+            _serving_champion(tx, p.alias, production, served, metrics, serving, info["concurrency"]) if info
+            else _champion(tx, p.alias, production, measured, metrics))
         label = None if compared is None else f"{p.alias} v{compared['version']}"
-        record = decide(summary[name], gates, champion, champion_label=label)
+        record = _decide(candidate, gates, champion, label)
         record.update(base, compared_with=compared)
         if production is not None:
             record["champion_version"] = production["version"]
-            record["decision_retaken"] = not _is_measured(production, measured)
+            record["decision_retaken"] = not _is_measured(production, seen)
             if record["decision_retaken"] and refusal is None:
-                record["reasons"].append(_retaken_reason(p.alias, production, measured, compared))
+                record["reasons"].append(_retaken_reason(p.alias, production, seen, compared))
             note = _unknown_target_note(p.alias, production, target)
             if note:
                 record["reasons"].append(note)
@@ -87,13 +109,24 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if not record["promote"]:
             return record
 
-        version = tx.register(draft_dir, metrics=metrics, promotion=record, k=summary[name]["best_k"],
+        stored = info and {"table": serving, "concurrency": info["concurrency"],
+                           "k_by_concurrency": info["k_by_concurrency"]}
+        version = tx.register(draft_dir, metrics=metrics, promotion=record, k=candidate["best_k"],
                               aliases=[p.alias], source={"out_dir": str(out_dir), "config": asdict(cfg)},
-                              target=target, draft_fingerprint=candidate_fp)
+                              target=target, draft_fingerprint=candidate_fp, serving=stored)
         record["registry"] = _registry_info(registry, p.name, version["version"])
         record["registry"]["created"] = version["created"]
         if cfg.registry.kind == "wandb":
-            record["registry"]["wandb"] = _link_wandb(cfg, run, registry, version["version"], summary[name], out_dir)
+            record["registry"]["wandb"] = _link_wandb(cfg, run, registry, version["version"], candidate, out_dir)
+    return record
+
+
+def _decide(candidate: dict, gates, champion: dict | None = None, label: str | None = None) -> dict:
+    """decide(), with a note when the serving concurrency decided at is not promote.serving_concurrency."""
+    record = decide(candidate, gates, champion, champion_label=label)
+    note = (candidate.get("serving") or {}).get("concurrency_note")
+    if note:
+        record["reasons"].append(f"note: {note}")
     return record
 
 
@@ -164,11 +197,16 @@ def _recorded(tx: RegistryTransaction, number: int) -> tuple[dict | None, str | 
         eval_set = json.loads(path.read_text()).get("eval_set")
     except (OSError, json.JSONDecodeError):
         eval_set = None
+    if summary and summary.get("batch1"):  # promoted on the serving A/B: its batch-1 figures, kept beside
+        summary = summary["batch1"]
     return (summary if summary and "speedup" in summary else None), eval_set
 
 
-def _compared(number: int, champion: dict, source: str, eval_set: str | None) -> dict:
-    return {"version": number, "speedup": champion["speedup"], "source": source, "eval_set": eval_set}
+def _compared(number: int, champion: dict, source: str, eval_set: str | None, concurrency: int | None = None) -> dict:
+    compared = {"version": number, "speedup": champion["speedup"], "source": source, "eval_set": eval_set}
+    if concurrency is not None:
+        compared.update(concurrency=concurrency, best_k=champion["best_k"])
+    return compared
 
 
 def _retaken_reason(alias: str, production: dict, measured: dict | None, compared: dict) -> str:
@@ -210,3 +248,179 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
     return {"kind": "local", "root": str(registry.root), "name": name, "version": number, "path": str(path),
             "aliases": registry.aliases_of(name, number),
             "speculative_config": str(path / "speculative_config.json")}
+
+
+# -- the serving A/B basis (DIR/eval/serving.json, issue 10 section 5) ------------------------------
+# settings that do not change a cell's figures: which levels were run, and how long to wait for a server
+_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "python", "startup_timeout_s", "request_timeout_s")
+
+
+def _load_serving(path: Path) -> dict | None:
+    """serving.json of the eval (the serving A/B on vLLM), or None when none ran."""
+    if not path.exists():
+        return None
+    try:
+        serving = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-run eval with "
+                        "eval.serving.engine=vllm") from exc
+    if not isinstance(serving.get("cells"), list):
+        raise EvalError(f"{path} has no 'cells' list: not a serving A/B output; re-run eval with "
+                        "eval.serving.engine=vllm")
+    return serving
+
+
+def _draft_cells(serving: dict | None, draft: str) -> list[dict]:
+    """The closed-loop cells of `draft` with a known K."""
+    return [c for c in (serving or {}).get("cells", [])
+            if c.get("draft") == draft and c.get("concurrency") is not None and c.get("k") is not None]
+
+
+def _pick_level(levels: list[int], requested: int | None) -> tuple[int, str | None]:
+    """(the measured concurrency to decide at, a note when it is not `requested`); `levels` sorted."""
+    if requested is None:
+        return levels[0], (f"promote.serving_concurrency is unset: decided at the lowest measured concurrency, "
+                           f"{levels[0]} (measured: {levels}); set it to the concurrency you serve at")
+    if requested in levels:
+        return requested, None
+    above = [c for c in levels if c >= requested]
+    if above:
+        return above[0], (f"promote.serving_concurrency={requested} was not measured: decided at {above[0]}, the "
+                          f"nearest measured concurrency above it (measured: {levels})")
+    return levels[-1], (f"promote.serving_concurrency={requested} is above every measured concurrency: decided at the "
+                        f"highest, {levels[-1]} (measured: {levels}); add it to eval.serving.concurrency")
+
+
+def k_bands(best: list[dict]) -> list[dict]:
+    """The recommended K per concurrency band from best_k_per_concurrency(): consecutive measured levels with the
+    same K merged -> [{"from", "to", "k"}, ..., {"from", "k"}] (the last band open-ended; K 0 = off)."""
+    bands: list[dict] = []
+    for entry in best:
+        if bands and bands[-1]["k"] == entry["k"]:
+            bands[-1]["to"] = entry["concurrency"]
+        else:
+            bands.append({"from": entry["concurrency"], "to": entry["concurrency"], "k": entry["k"]})
+    if bands:
+        del bands[-1]["to"]
+    return bands
+
+
+def _at_level(cells: list[dict], level: int) -> dict | None:
+    """One draft's serving figures at one concurrency: {"best_k" (0 = off), "speedup" (1.0 when off),
+    "top": the fastest cell (None when no speedup was measured)}; None when `level` was not measured."""
+    here = [c for c in cells if c["concurrency"] == level]
+    if not here:
+        return None
+    choice = best_k_per_concurrency(here)[0]
+    top = max((c for c in here if c.get("speedup") is not None), key=lambda c: (c["speedup"], -c["k"]), default=None)
+    return {"best_k": choice["k"], "speedup": choice["speedup"], "top": top}
+
+
+def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested: int | None) -> dict | None:
+    """The candidate's gate summary taken from the serving A/B at the serving concurrency (the batch-1 summary
+    kept under "batch1"), or None when the serving A/B has no cells of `name`."""
+    cells = _draft_cells(serving, name)
+    if not cells:
+        return None
+    levels = sorted({c["concurrency"] for c in cells})
+    level, note = _pick_level(levels, requested)
+    at = _at_level(cells, level)
+    top, batch1 = at["top"], metrics["summary"][name]
+    accepted, source = _acceptance(top, name, at["best_k"], metrics)
+    info = {"draft": name, "concurrency": level, "requested_concurrency": requested, "measured_concurrency": levels,
+            "concurrency_note": note, "best_speedup": top and top["speedup"], "best_speedup_k": top and top["k"],
+            "tpot_ratio": top.get("tpot_ratio") if top and at["best_k"] else None,
+            "outputs_unequal": [_cell_name(c) for c in cells if c.get("outputs_equal") is False],
+            "k_by_concurrency": k_bands(best_k_per_concurrency(cells))}
+    return {"best_k": at["best_k"], "speedup": at["speedup"], "acceptance_rate": accepted, "acceptance_source": source,
+            "greedy_match": batch1["greedy_match"], "temperature": batch1.get("temperature"), "batch1": batch1,
+            "serving": info}
+
+
+def _acceptance(cell: dict | None, name: str, k: int, metrics: dict) -> tuple[float, str]:
+    """(acceptance rate, where it comes from): vLLM's at the cell, else the eval's at that K, else at its best K."""
+    if cell is not None and cell.get("acceptance_rate") is not None:
+        return cell["acceptance_rate"], f"vLLM at K={cell['k']}, concurrency {cell['concurrency']}"
+    s = metrics["summary"][name]
+    record = next((r for r in metrics.get("records", []) if r.get("draft") == name and r.get("k") == k
+                   and r.get("temperature") == s.get("temperature") and "acceptance_rate" in r), None)
+    if record is not None:
+        return record["acceptance_rate"], f"eval (batch 1) at K={k}"
+    return s["acceptance_rate"], f"eval (batch 1) at its best K={s['best_k']}"
+
+
+def _cell_name(cell: dict) -> str:
+    first = cell.get("first_mismatch") or {}
+    where = f"; first at prompt {first['prompt_index']}, token {first['position']}" if first else ""
+    return (f"draft {cell['draft']!r} K={cell['k']} concurrency {cell['concurrency']} "
+            f"({cell.get('mismatches')} of {cell.get('compared')} requests{where})")
+
+
+def _served_production(serving: dict, measured: dict | None) -> dict | None:
+    """{"path", "fingerprint", "version": None} of the draft the serving A/B measured as "production", or None."""
+    path = (serving.get("drafts") or {}).get("production")
+    if path is None or not _draft_cells(serving, "production"):
+        return None
+    if measured is not None and str(path) == str(measured["path"]):
+        return measured
+    present = (Path(path) / "config.json").exists()
+    return {"path": str(path), "fingerprint": fingerprint(path) if present else None, "version": None}
+
+
+def _serving_champion(tx: RegistryTransaction, alias: str, production: dict | None, served: dict | None,
+                      metrics: dict, serving: dict, level: int) -> tuple[dict | None, dict | None, str | None]:
+    """(champion figures, compared_with, refusal reason) at concurrency `level` for the production draft read under
+    the lock: measured in this serving A/B, else recorded with its version (same eval set and serving settings)."""
+    if production is None:
+        return None, None, None
+    number, eval_set = production["version"], metrics.get("eval_set")
+    if _is_measured(production, served):
+        figures = _at_level(_draft_cells(serving, "production"), level)
+        if figures is not None:
+            source = f"measured in this serving A/B at concurrency {level}"
+            return figures, _compared(number, figures, source, eval_set, level), None
+    figures, why = _recorded_serving(tx, number, eval_set, serving, level)
+    if figures is not None:
+        source = f"recorded with v{number} at concurrency {level} on the same eval set and serving settings"
+        return figures, _compared(number, figures, source, eval_set, level), None
+    if served is not None and not _is_measured(production, served):
+        why = (f"production moved to v{number} after this serving A/B measured "
+               f"{'v' + str(served['version']) if served['version'] else served['path']}, and {why}")
+    return None, None, (f"the {alias} draft v{number} was not measured in this serving A/B, so the candidate's serving "
+                        f"speedup at concurrency {level} cannot be compared with it ({why}): run eval again with "
+                        f"eval.compare_production=true and eval.serving.engine=vllm, which measures the current "
+                        f"{alias} draft beside the candidate")
+
+
+def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None, serving: dict,
+                      level: int) -> tuple[dict | None, str]:
+    """(version `number`'s serving figures at `level` from its stored serving.json, or None and why not)."""
+    draft = (((tx.resolve(number).get("summary") or {}).get("serving")) or {}).get("draft")
+    path = tx.path(number) / "serving.json"
+    if draft is None or not path.exists():
+        return None, f"v{number} has no recorded serving A/B"
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None, f"v{number}'s {path} cannot be read"
+    recorded_set = _recorded(tx, number)[1]
+    if eval_set is None or recorded_set != eval_set:
+        return None, f"v{number} was promoted on another eval set ({recorded_set or 'unknown'}; this eval: {eval_set})"
+    differ = _setting_differences(stored, serving)
+    if differ:
+        return None, f"v{number}'s serving A/B ran with other settings ({', '.join(differ)})"
+    figures = _at_level(_draft_cells(stored, draft), level)
+    if figures is None:
+        return None, f"v{number}'s serving A/B did not measure concurrency {level}"
+    return figures, ""
+
+
+def _setting_differences(a: dict, b: dict) -> list[str]:
+    """The keys on which two serving.json runs differ in a way that changes their figures."""
+    def basis(s: dict) -> dict:
+        settings = {f"eval.serving.{k}": v for k, v in (s.get("settings") or {}).items()
+                    if k not in _UNCOMPARED_SETTINGS}
+        return {"vllm": s.get("vllm"), "dtype": s.get("dtype"), "prompts": s.get("prompts"), **settings}
+
+    x, y = basis(a), basis(b)
+    return sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))

@@ -6,7 +6,9 @@ Local layout (``root`` is ``registry.root`` in the config)::
     root/<name>/v<N>/metrics.json           the eval metrics it was promoted on
     root/<name>/v<N>/promotion.json         the promotion decision (gates, reasons)
     root/<name>/v<N>/speculative_config.json   pass to vLLM: --speculative-config "$(cat ...)"
-    root/<name>/v<N>/version.json           version, fingerprint, source, time, best K
+    root/<name>/v<N>/version.json           version, fingerprint, source, time, best K (and, when promoted on
+                                            a serving A/B, "k_by_concurrency": the K per concurrency band)
+    root/<name>/v<N>/serving.json           the serving A/B's per-concurrency table (when one ran)
     root/<name>/aliases.json                {"production": N, "staging": M}
     root/<name>/.lock                       taken around every change
 
@@ -206,13 +208,15 @@ class LocalRegistry:
 
     def register(self, name: str, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
                  aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
-                 target: dict | None = None) -> dict:
+                 target: dict | None = None, serving: dict | None = None) -> dict:
         """Add `draft_dir` as the next version of `name` (or find the identical existing one) and
         point `aliases` at it. Returns the version record plus ``"created"`` (False when it existed).
 
         `target` is the :func:`target_identity` of the target the draft was evaluated against; RegistryError
-        when `name`'s versions are for another target. To decide on the registry's state before
-        registering, use :meth:`transaction` instead."""
+        when `name`'s versions are for another target. `serving`: the serving A/B `k` was chosen from,
+        ``{"table": serving.json's content, "k_by_concurrency": [{"from", "to" (absent on the last band),
+        "k" (0 = off)}], "concurrency": the level k won at}``, stored as serving.json and in version.json.
+        To decide on the registry's state before registering, use :meth:`transaction` instead."""
         draft_dir = Path(draft_dir)
         _check_model_dir(draft_dir)
         for alias in aliases:
@@ -220,7 +224,7 @@ class LocalRegistry:
         fp = fingerprint(draft_dir)  # hashed before taking the lock
         with self.transaction(name) as tx:
             return tx.register(draft_dir, metrics=metrics, promotion=promotion, k=k, aliases=aliases, source=source,
-                               target=target, draft_fingerprint=fp)
+                               target=target, draft_fingerprint=fp, serving=serving)
 
     def set_alias(self, name: str, alias: str, ref: str | int) -> dict:
         """Point `alias` at version `ref` of `name` (atomically); returns the new alias map."""
@@ -312,7 +316,7 @@ class RegistryTransaction:
 
     def register(self, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
                  aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
-                 target: dict | None = None, draft_fingerprint: str | None = None) -> dict:
+                 target: dict | None = None, draft_fingerprint: str | None = None, serving: dict | None = None) -> dict:
         """:meth:`LocalRegistry.register` inside this transaction; `draft_fingerprint`: fingerprint(draft_dir)
         when the caller already has it (hashing a big draft outside the lock keeps the lock short)."""
         reg, draft_dir = self._open(), Path(draft_dir)
@@ -331,11 +335,16 @@ class RegistryTransaction:
             record = {"name": self.name, "version": number, "fingerprint": fp, "created_at": time.time(),
                       "best_k": int(k), "summary": promotion.get("candidate"), "target": target,
                       "source": source or {}, "path": str(final.resolve())}
+            if serving is not None:
+                record.update(serving_concurrency=serving.get("concurrency"),
+                              k_by_concurrency=list(serving.get("k_by_concurrency") or []))
             with atomic_dir(final) as tmp:
                 shutil.copytree(draft_dir, tmp / "draft")
                 write_json(tmp / "metrics.json", metrics)
                 write_json(tmp / "promotion.json", promotion)
                 write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
+                if serving is not None:
+                    write_json(tmp / "serving.json", serving["table"])
                 write_json(tmp / "version.json", record)
             existing = {**record, "created": True}
         else:
@@ -361,6 +370,16 @@ def _check_alias(alias: str) -> None:
     if not ALIAS_RE.match(alias):
         raise RegistryError(f"alias {alias!r} is not a valid alias (letters, digits, '_' and '-', starting with a "
                             "letter)")
+
+
+def format_bands(bands: list[dict]) -> str:
+    """``concurrency 1-4: K=4; 8: K=2; >=16: off`` from version.json's "k_by_concurrency"."""
+    parts = []
+    for band in bands:
+        start, end = band["from"], band.get("to")
+        span = f">={start}" if end is None else (str(start) if end == start else f"{start}-{end}")
+        parts.append(f"{span}: {'off' if band['k'] == 0 else 'K=' + str(band['k'])}")
+    return "concurrency " + "; ".join(parts)
 
 
 def format_versions(registry: LocalRegistry, name: str) -> str:

@@ -1,7 +1,8 @@
 """``draftsmith-registry``: list, show and re-alias registry versions; complete pending W&B links.
 
     draftsmith-registry list [NAME] [--root registry]
-    draftsmith-registry show NAME [REF]          # REF: 3, v3, or an alias (default production)
+    draftsmith-registry show NAME [REF]          # REF: 3, v3, or an alias (default production); with the
+                                                 # K per concurrency band when promoted on a serving A/B
     draftsmith-registry alias NAME ALIAS REF     # e.g. promote staging to production by hand
     draftsmith-registry link-pending [--project draftsmith]   # online: link versions promoted offline
 """
@@ -12,7 +13,7 @@ import argparse
 import json
 import sys
 
-from draftsmith.registry import LocalRegistry, RegistryError, format_versions
+from draftsmith.registry import LocalRegistry, RegistryError, format_bands, format_versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             shown = {**record, "aliases": registry.aliases_of(args.name, record["version"]),
                      "speculative_config": json.loads((path / "speculative_config.json").read_text())}
             shown.pop("source", None)
+            if record.get("k_by_concurrency"):  # promoted on a serving A/B: the K to serve per concurrency band
+                shown["serving_bands"] = format_bands(record["k_by_concurrency"])
+                shown["serving_table"] = str(path / "serving.json")
             print(json.dumps(shown, indent=2))
         elif args.command == "alias":
             print(json.dumps(registry.set_alias(args.name, args.alias, args.ref), indent=2))

@@ -27,9 +27,13 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     """The promotion decision for one candidate summary (eval metrics.json "summary" entry).
 
     Args:
-        candidate: {"best_k", "speedup", "acceptance_rate", "greedy_match", ...} of the candidate.
+        candidate: {"best_k", "speedup", "acceptance_rate", "greedy_match", ...} of the candidate. When it was
+            taken from the serving A/B (draftsmith/promote.py), it also holds "serving": {"concurrency",
+            "best_speedup", "best_speedup_k", "outputs_unequal": [cells named], ...}; "best_k" 0 there means
+            speculation loses at that concurrency for every K ("off"), which fails in place of the speedup gate.
         champion: the same for the current production draft on the same eval set (measured beside the
-            candidate, or recorded when it was promoted), or None.
+            candidate, or recorded when it was promoted), on the same basis (batch 1, or the serving A/B at
+            the same concurrency), or None.
         champion_label: how reasons name the champion, e.g. "production v3" (default: the production draft).
     Returns:
         {"promote": bool, "reasons": [...] (every failed gate, or why it passed), "gates": ...,
@@ -38,18 +42,38 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     for key in ("best_k", "speedup", "acceptance_rate", "greedy_match"):
         if key not in candidate:
             raise ValueError(f"candidate metrics lack {key!r}: pass the 'summary' entry of an eval metrics.json")
+    serving = candidate.get("serving")
+    off = serving is not None and candidate["best_k"] == 0
+    where = f"K={candidate['best_k']}" + (f", concurrency {serving['concurrency']}" if serving else "")
     failed = []
     if candidate["acceptance_rate"] < gates.min_acceptance_rate:
         failed.append(f"acceptance rate {candidate['acceptance_rate']:.3f} < min_acceptance_rate {gates.min_acceptance_rate}")
-    if candidate["speedup"] < gates.min_speedup:
-        failed.append(f"speedup {candidate['speedup']:.3f} at K={candidate['best_k']} < min_speedup {gates.min_speedup}")
+    if off:
+        failed.append(off_reason(serving))
+    elif candidate["speedup"] < gates.min_speedup:
+        failed.append(f"speedup {candidate['speedup']:.3f} at {where} < min_speedup {gates.min_speedup}")
     if gates.require_greedy_match and candidate["greedy_match"] != 1.0:
         failed.append(f"greedy_match {candidate['greedy_match']} != 1.0: speculative greedy output differed from plain "
                       "decoding, which points to a broken pair or engine")
-    if champion is not None and candidate["speedup"] < champion["speedup"] + gates.champion_margin:
+    if gates.require_greedy_match and serving and serving.get("outputs_unequal"):
+        failed.append("vLLM's greedy outputs differ with speculation on vs off in "
+                      + "; ".join(serving["outputs_unequal"])
+                      + ": this points to a broken pair or engine (serving.json first_mismatch)")
+    if champion is not None and not off and candidate["speedup"] < champion["speedup"] + gates.champion_margin:
         failed.append(f"speedup {candidate['speedup']:.3f} does not beat {champion_label or 'the production draft'}'s "
                       f"{champion['speedup']:.3f} by the margin {gates.champion_margin}")
     beats = f"; beats {champion_label or 'production'} ({champion['speedup']:.3f})" if champion is not None else ""
-    passed = ["all gates passed" + beats]
+    at = f" in the serving A/B at {where}" if serving else ""
+    passed = ["all gates passed" + at + beats]
     return {"promote": not failed, "reasons": failed or passed, "gates": asdict(gates),
             "candidate": candidate, "champion": champion}
+
+
+def off_reason(serving: dict) -> str:
+    """Why a draft is not served at the serving A/B's concurrency: no K makes speculation pay there."""
+    conc, best, k = serving["concurrency"], serving.get("best_speedup"), serving.get("best_speedup_k")
+    if best is None:
+        return f"at concurrency {conc} the serving A/B measured no speedup for any K: serve without speculation"
+    slower = "slower than" if best < 1.0 else "no faster than"
+    return (f"at concurrency {conc} speculation is {slower} plain decoding for every K (best speedup {best:.2f} at "
+            f"K={k}): serve without speculation")

@@ -1,0 +1,233 @@
+"""Promotion at the serving concurrency (issue 10, section 5): when the eval ran the serving A/B on vLLM,
+the speedup gate, the K and the champion comparison come from serving.json at promote.serving_concurrency.
+
+Hand-made eval outputs (metrics.json + serving.json + tiny draft directories, as in
+test_promote_concurrent.py): promote() reads them, hashes and copies the draft, and reads the target's
+config and tokenizer; no model and no vLLM are needed.
+"""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from test_promote_concurrent import EVAL_SET, config, fake_draft, fake_eval, fake_target, summary_entry
+
+from draftsmith import registry_cli
+from draftsmith.promote import k_bands, promote
+from draftsmith.registry import LocalRegistry, format_bands
+from eval.serving_stats import summarize
+from eval.settings import ServingSettings
+
+# speedup per (K, concurrency) of the candidate on vLLM: K=4 wins at 1, K=2 at 4, nothing pays at 16
+TABLE = {(2, 1): 1.9, (4, 1): 2.6, (2, 4): 1.3, (4, 4): 1.2, (2, 16): 0.80, (4, 16): 0.84}
+
+
+def cell(draft: str, k: int, concurrency: int, speedup: float, acceptance: float | None = 0.66,
+         equal: bool = True) -> dict:
+    """One serving.json cell (the Contract's keys) with plain decoding at 100 output tokens/s."""
+    side = {"output_tokens_per_s": 100.0, "ttft_ms_p50": 20.0, "tpot_ms_p50": 10.0}
+    return {"draft": draft, "k": k, "concurrency": concurrency, "request_rate": None,
+            "spec": {**side, "output_tokens_per_s": 100.0 * speedup, "tpot_ms_p50": 10.0 / speedup}, "plain": side,
+            "speedup": speedup, "tpot_ratio": 1.0 / speedup, "ttft_ratio": 1.0, "acceptance_rate": acceptance,
+            "outputs_equal": equal, "compared": 32, "mismatches": 0 if equal else 3,
+            "first_mismatch": None if equal else {"request": 5, "prompt_index": 5, "position": 12,
+                                                  "spec": [7, 8], "plain": [7, 9]}}
+
+
+def fake_serving(run_dir: Path, drafts: dict[str, Path], tables: dict[str, dict], unequal=(), **settings) -> dict:
+    """Write run_dir/eval/serving.json: for each draft, its {(K, concurrency): speedup} table."""
+    cells = [cell(name, k, c, s, equal=(name, k, c) not in unequal)
+             for name, table in tables.items() for (k, c), s in sorted(table.items(), key=lambda kv: kv[0][::-1])]
+    serving = {"schema_version": 1, "engine": "vllm", "vllm": {"version": "0.32.0", "device": "cpu"},
+               "target": "target", "drafts": {n: str(p) for n, p in drafts.items()},
+               "settings": asdict(ServingSettings(engine="vllm", concurrency=[1, 4, 16], **settings)),
+               "dtype": "float32", "prompts": 32, "cells": cells, "rate_cells": [], "boundary": summarize(cells)}
+    (run_dir / "eval" / "serving.json").write_text(json.dumps(serving))
+    return serving
+
+
+def at(concurrency: int | None, name: str = "demo") -> object:
+    cfg = config(name)
+    cfg.promote.serving_concurrency = concurrency  # read with getattr until PromoteConfig declares the field
+    return cfg
+
+
+@pytest.fixture
+def job(tmp_path):
+    """An eval of candidate draft 1 (batch 1: 2.5x at K=4) with the serving A/B of TABLE."""
+    target = fake_target(tmp_path / "target")
+    draft = fake_draft(tmp_path / "d1", 1)
+    out = fake_eval(tmp_path / "job1", target, draft, summary_entry(2.5))
+    serving = fake_serving(out, {"trained": draft}, {"trained": TABLE})
+    return {"tmp": tmp_path, "target": target, "draft": draft, "out": out, "serving": serving,
+            "reg": LocalRegistry(tmp_path / "reg")}
+
+
+# (a) -------------------------------------------------------------------------------------------
+def test_best_k_at_the_serving_concurrency_goes_to_the_registry(job, capsys):
+    reg = job["reg"]
+    record = promote(at(4), job["out"], reg)
+    assert record["promote"] and record["basis"] == "serving" and record["registry"]["version"] == 1
+    assert record["reasons"] == ["all gates passed in the serving A/B at K=2, concurrency 4"]
+    candidate = record["candidate"]
+    assert (candidate["best_k"], candidate["speedup"], candidate["acceptance_rate"]) == (2, 1.3, 0.66)
+    assert candidate["acceptance_source"] == "vLLM at K=2, concurrency 4"
+    assert candidate["batch1"] == summary_entry(2.5)  # batch 1 said K=4 at 2.5x: kept for the record
+    bands = [{"from": 1, "to": 1, "k": 4}, {"from": 4, "to": 4, "k": 2}, {"from": 16, "k": 0}]
+    assert record["serving"]["k_by_concurrency"] == bands and record["serving"]["concurrency_note"] is None
+
+    path = reg.path("demo", 1)
+    assert json.loads((path / "speculative_config.json").read_text())["num_speculative_tokens"] == 2
+    assert json.loads((path / "serving.json").read_text()) == job["serving"]
+    version = reg.resolve("demo", 1)
+    assert version["best_k"] == 2 and version["k_by_concurrency"] == bands and version["serving_concurrency"] == 4
+    assert registry_cli.main(["--root", str(reg.root), "show", "demo"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["serving_bands"] == "concurrency 1: K=4; 4: K=2; >=16: off"
+    assert shown["serving_table"] == str(path / "serving.json")
+
+
+@pytest.mark.parametrize("requested, used, k, note", [
+    (None, 1, 4, "promote.serving_concurrency is unset: decided at the lowest measured concurrency, 1 (measured: "
+                 "[1, 4, 16]); set it to the concurrency you serve at"),
+    (2, 4, 2, "promote.serving_concurrency=2 was not measured: decided at 4, the nearest measured concurrency above "
+              "it (measured: [1, 4, 16])"),
+])
+def test_the_concurrency_used_is_recorded(job, requested, used, k, note):
+    record = promote(at(requested), job["out"], job["reg"])
+    assert record["promote"] and record["serving"]["concurrency"] == used and record["candidate"]["best_k"] == k
+    assert record["serving"]["requested_concurrency"] == requested and record["serving"]["concurrency_note"] == note
+    assert record["reasons"][-1] == f"note: {note}"
+    assert json.loads((job["reg"].path("demo", 1) / "speculative_config.json").read_text())[
+        "num_speculative_tokens"] == k
+
+
+def test_bands_merge_equal_neighbours():
+    best = [{"concurrency": 1, "k": 4}, {"concurrency": 2, "k": 4}, {"concurrency": 4, "k": 4},
+            {"concurrency": 8, "k": 2}, {"concurrency": 16, "k": 0}, {"concurrency": 32, "k": 0}]
+    bands = k_bands(best)
+    assert bands == [{"from": 1, "to": 4, "k": 4}, {"from": 8, "to": 8, "k": 2}, {"from": 16, "k": 0}]
+    assert format_bands(bands) == "concurrency 1-4: K=4; 8: K=2; >=16: off"
+
+
+# (b) -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("requested, note", [(16, None), (8, "was not measured: decided at 16"),
+                                             (64, "is above every measured concurrency: decided at the highest, 16")])
+def test_every_k_slower_at_the_serving_concurrency_is_not_promoted(job, requested, note):
+    record = promote(at(requested), job["out"], job["reg"])
+    assert record["promote"] is False and record["registry"] is None and record["candidate"]["best_k"] == 0
+    assert record["reasons"][0] == ("at concurrency 16 speculation is slower than plain decoding for every K "
+                                    "(best speedup 0.84 at K=4): serve without speculation")
+    assert len(record["reasons"]) == (1 if note is None else 2)
+    assert note is None or note in record["reasons"][1]
+    assert job["reg"].versions("demo") == []
+
+
+# (c) -------------------------------------------------------------------------------------------
+def test_unequal_greedy_outputs_in_any_cell_are_refused_naming_the_cell(job):
+    fake_serving(job["out"], {"trained": job["draft"]}, {"trained": TABLE}, unequal=[("trained", 2, 16)])
+    record = promote(at(4), job["out"], job["reg"])  # K=2 at 4 passes every other gate
+    assert record["promote"] is False and record["registry"] is None
+    assert record["reasons"] == [
+        "vLLM's greedy outputs differ with speculation on vs off in draft 'trained' K=2 concurrency 16 (3 of 32 "
+        "requests; first at prompt 5, token 12): this points to a broken pair or engine (serving.json first_mismatch)"]
+    assert job["reg"].versions("demo") == []
+
+
+# (d) -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("serving", ["none", "other draft"])
+def test_without_serving_cells_of_the_candidate_promotion_is_unchanged(job, serving):
+    if serving == "none":
+        (job["out"] / "eval" / "serving.json").unlink()
+    else:
+        fake_serving(job["out"], {"base": job["draft"]}, {"base": TABLE})
+    record = promote(at(16), job["out"], job["reg"])
+    assert record["promote"] and record["basis"] == "batch-1" and record["serving"] is None
+    assert record["reasons"] == ["all gates passed"] and record["candidate"] == summary_entry(2.5)
+    path = job["reg"].path("demo", 1)
+    assert json.loads((path / "speculative_config.json").read_text())["num_speculative_tokens"] == 4
+    assert not (path / "serving.json").exists() and "k_by_concurrency" not in job["reg"].resolve("demo", 1)
+
+
+# (e) -------------------------------------------------------------------------------------------
+def candidate_with_production(job, i: int, batch1: float, at4: float, production_at4: float | None,
+                              **settings) -> Path:
+    """Eval `i` of a new draft beside production v1 (batch 1: 2.5x); its serving A/B measures production at
+    concurrency 4 when `production_at4` is given."""
+    v1 = job["reg"].path("demo", 1) / "draft"
+    draft = fake_draft(job["tmp"] / f"d{i}", i)
+    measured = production_at4 is not None
+    out = fake_eval(job["tmp"] / f"job{i}", job["target"], draft, summary_entry(batch1),
+                    production=(v1, summary_entry(2.5)) if measured else None)
+    tables = {"trained": {**TABLE, (2, 4): at4}}
+    drafts = {"trained": draft}
+    if measured:
+        tables["production"], drafts["production"] = {**TABLE, (2, 4): production_at4}, v1
+    fake_serving(out, drafts, tables, **settings)
+    return out
+
+
+@pytest.mark.parametrize("at4, promoted", [(1.5, True), (1.31, False)])
+def test_champion_measured_in_the_serving_ab_is_compared_at_the_same_concurrency(job, at4, promoted):
+    assert promote(at(4), job["out"], job["reg"])["promote"]
+    # batch 1 says the candidate is slower (2.0x vs 2.5x): only the serving figures at concurrency 4 count
+    record = promote(at(4), candidate_with_production(job, 2, 2.0, at4, production_at4=1.3), job["reg"])
+    assert record["compared_with"] == {"version": 1, "speedup": 1.3, "best_k": 2, "concurrency": 4,
+                                       "source": "measured in this serving A/B at concurrency 4", "eval_set": EVAL_SET}
+    assert record["promote"] is promoted and record["decision_retaken"] is False
+    if promoted:
+        assert record["reasons"] == ["all gates passed in the serving A/B at K=2, concurrency 4; beats production v1 "
+                                     "(1.300)"]
+        assert job["reg"].aliases("demo") == {"production": 2}
+    else:
+        assert record["reasons"] == ["speedup 1.310 does not beat production v1's 1.300 by the margin 0.02"]
+        assert job["reg"].aliases("demo") == {"production": 1}
+
+
+def test_champion_recorded_with_its_version_is_used_on_the_same_eval_set_and_settings(job):
+    assert promote(at(4), job["out"], job["reg"])["promote"]
+    record = promote(at(4), candidate_with_production(job, 2, 2.0, 1.31, production_at4=None), job["reg"])
+    assert record["promote"] is False and record["decision_retaken"] is True
+    assert record["compared_with"]["source"] == "recorded with v1 at concurrency 4 on the same eval set and serving " \
+                                                "settings"
+    assert record["reasons"][0] == "speedup 1.310 does not beat production v1's 1.300 by the margin 0.02"
+
+    record = promote(at(4), candidate_with_production(job, 3, 2.0, 1.5, production_at4=None, max_tokens=32),
+                     job["reg"])
+    assert record["promote"] is False and record["compared_with"] is None
+    assert record["reasons"] == [
+        "the production draft v1 was not measured in this serving A/B, so the candidate's serving speedup at "
+        "concurrency 4 cannot be compared with it (v1's serving A/B ran with other settings "
+        "(eval.serving.max_tokens)): run eval again with eval.compare_production=true and eval.serving.engine=vllm, "
+        "which measures the current production draft beside the candidate"]
+
+
+def test_production_promoted_on_batch_1_is_not_compared_with_a_serving_speedup(job):
+    (job["out"] / "eval" / "serving.json").unlink()
+    assert promote(at(4), job["out"], job["reg"])["promote"]  # v1 on batch 1 (2.5x)
+    record = promote(at(4), candidate_with_production(job, 2, 2.0, 1.5, production_at4=None), job["reg"])
+    assert record["promote"] is False and "(v1 has no recorded serving A/B)" in record["reasons"][-1]
+
+
+def test_batch_1_candidate_is_compared_with_the_batch_1_figures_of_a_serving_promotion(job):
+    assert promote(at(4), job["out"], job["reg"])["promote"]  # v1: 1.3x at concurrency 4, 2.5x at batch 1
+    out = fake_eval(job["tmp"] / "job2", job["target"], fake_draft(job["tmp"] / "d2", 2), summary_entry(2.51))
+    record = promote(at(4), out, job["reg"])
+    assert record["basis"] == "batch-1" and record["compared_with"]["speedup"] == 2.5
+    assert record["promote"] is False and record["reasons"][0] == ("speedup 2.510 does not beat production v1's "
+                                                                   "2.500 by the margin 0.02")
+
+
+# the gates on a serving summary (eval/gates.py) ----------------------------------------------------
+def test_off_fails_even_when_min_speedup_allows_one_and_skips_the_champion():
+    from eval.gates import Gates, decide
+
+    serving = {"concurrency": 8, "best_speedup": 1.0, "best_speedup_k": 2, "outputs_unequal": []}
+    off = {"best_k": 0, "speedup": 1.0, "acceptance_rate": 0.7, "greedy_match": 1.0, "serving": serving}
+    d = decide(off, Gates(min_speedup=0.9), champion={"speedup": 0.5})
+    assert not d["promote"] and d["reasons"] == [
+        "at concurrency 8 speculation is no faster than plain decoding for every K (best speedup 1.00 at K=2): serve "
+        "without speculation"]
+    assert decide(off | {"best_k": 2, "serving": serving | {"outputs_unequal": ["cell x"]}},
+                  Gates(min_speedup=0.9, require_greedy_match=False))["promote"]
