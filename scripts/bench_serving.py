@@ -1,0 +1,130 @@
+"""Benchmark the deployed engine: the serving A/B on vLLM next to draftsmith's own batch-1 loop.
+
+Prints one JSON document. On the same prompts (token ids) and K:
+- vLLM, speculation on vs off, at each closed-loop concurrency: output tokens/s, TTFT/TPOT p50,
+  speedup (throughput ratio), vLLM's acceptance rate, greedy outputs on vs off equal, and equal to
+  draftsmith's own greedy outputs; the benefit boundary and the best K per concurrency
+  (eval/serving.py, the same code the pipeline runs);
+- draftsmith's own loop at batch 1 (plain and speculative, greedy, no EOS stop, like vLLM's
+  ``ignore_eos``): tokens/s and acceptance rate, so that two independent engines' acceptance can be
+  compared, and draftsmith's loop vs vLLM at concurrency 1.
+
+    python scripts/bench_serving.py                       # the demo target and a draft distilled from it
+    python scripts/bench_serving.py --target DIR --draft DIR --k 2 4 --concurrency 1 2 4 8 16
+
+vLLM runs from --python (default: $DRAFTSMITH_VLLM_PYTHON, else ./.venv-vllm/bin/python; see README
+"Serving A/B on vLLM").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from eval.metrics import acceptance_summary  # noqa: E402
+from eval.serving import run_serving_ab  # noqa: E402
+from eval.settings import ServingSettings  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", help="target model dir (default: the demo target)")
+    ap.add_argument("--draft", help="draft model dir (default: a draft distilled from the demo target)")
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--python", help="the interpreter that imports vllm")
+    ap.add_argument("--out", help="where serving.json, plots and server logs go (default: a temporary dir)")
+    return ap.parse_args(argv)
+
+
+def own_loop(pair, prompts: list[torch.Tensor], k_grid: list[int], max_tokens: int) -> tuple[dict, list[list[int]]]:
+    """draftsmith's loop at batch 1: plain and speculative tokens/s per K (medians over prompts) and acceptance."""
+    autoregressive_generate(pair.target, prompts[0], max_new_tokens=8)  # warm-up
+    speculative_generate(pair.target, pair.draft, prompts[0], k=k_grid[0], max_new_tokens=8)
+    plain_s, reference = [], []
+    for prompt in prompts:
+        out = autoregressive_generate(pair.target, prompt, max_new_tokens=max_tokens)
+        plain_s.append(out.stats.total_s)
+        reference.append(out.sequences[0, prompt.shape[1]:].tolist())
+    tokens = max_tokens * len(prompts)
+    result = {"plain_tokens_per_s": tokens / sum(plain_s), "per_k": {}}
+    for k in k_grid:
+        stats, spec_s, equal = [], [], True
+        for prompt, ref in zip(prompts, reference):
+            out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_tokens)
+            stats.append(out.stats)
+            spec_s.append(out.stats.total_s)
+            equal &= out.sequences[0, prompt.shape[1]:].tolist() == ref
+        acc = acceptance_summary(k, stats)
+        result["per_k"][k] = {"spec_tokens_per_s": tokens / sum(spec_s), "speedup": sum(plain_s) / sum(spec_s),
+                              "acceptance_rate": acc["acceptance_rate"], "token_acceptance": acc["token_acceptance"],
+                              "outputs_equal_plain": equal}
+    return result, reference
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.target is None:
+        from draftsmith.demo import build_demo_draft, build_demo_target
+
+        target = str(build_demo_target(log=lambda m: print(m, file=sys.stderr)))
+        draft = args.draft or str(build_demo_draft(Path(target), log=lambda m: print(m, file=sys.stderr)))
+    else:
+        target, draft = args.target, args.draft
+    from draftsmith.demo import demo_prompts
+
+    pair = load_pair(target, draft, dtype="float32", device="cpu")
+    prompts = demo_prompts(pair.tokenizer, args.prompts, args.prompt_tokens, seed=0)
+    started = time.time()
+    own, reference = own_loop(pair, prompts, args.k, args.max_tokens)
+    del pair
+    settings = ServingSettings(engine="vllm", concurrency=list(args.concurrency), max_tokens=args.max_tokens,
+                               max_prompts=args.prompts, python=args.python)
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-serving-"))
+    serving = run_serving_ab(settings, target=target, drafts={"draft": draft}, k=list(args.k),
+                             prompts=[p[0].tolist() for p in prompts], out_dir=out, reference=reference,
+                             log=lambda m: print(m, file=sys.stderr))
+    table = [{"k": c["k"], "concurrency": c["concurrency"], "speedup": c["speedup"],
+              "spec_tokens_per_s": c["spec"]["output_tokens_per_s"], "plain_tokens_per_s": c["plain"]["output_tokens_per_s"],
+              "spec_ttft_ms_p50": c["spec"]["ttft_ms_p50"], "plain_ttft_ms_p50": c["plain"]["ttft_ms_p50"],
+              "spec_tpot_ms_p50": c["spec"]["tpot_ms_p50"], "plain_tpot_ms_p50": c["plain"]["tpot_ms_p50"],
+              "vllm_acceptance_rate": c["acceptance_rate"], "outputs_equal": c["outputs_equal"],
+              "equal_to_draftsmith": c.get("spec_equals_reference")} for c in serving["cells"]]
+    at_1 = {c["k"]: c for c in serving["cells"] if c["concurrency"] == min(args.concurrency)}
+    report = {
+        "target": target, "draft": draft, "settings": vars(args), "machine": platform.machine(),
+        "threads": torch.get_num_threads(), "vllm": serving["vllm"], "seconds": time.time() - started,
+        "serving_cells": table, "boundary": serving["boundary"],
+        "draftsmith_loop_batch1": own,
+        "acceptance_vllm_vs_draftsmith": {k: {"vllm": at_1[k]["acceptance_rate"] if k in at_1 else None,
+                                              "draftsmith": own["per_k"][k]["acceptance_rate"]} for k in args.k},
+        "draftsmith_vs_vllm_at_lowest_concurrency": {
+            "plain": own["plain_tokens_per_s"] / statistics.median(c["plain"]["output_tokens_per_s"]
+                                                                   for c in at_1.values()),
+            **{f"spec_k{k}": own["per_k"][k]["spec_tokens_per_s"] / at_1[k]["spec"]["output_tokens_per_s"]
+               for k in args.k if k in at_1}},
+        "out_dir": str(out),
+    }
+    print(json.dumps(report, indent=2, default=str))
+    return report
+
+
+if __name__ == "__main__":
+    main()
