@@ -67,8 +67,10 @@ def fingerprint(draft_dir: str | Path) -> str:
 
 
 def speculative_config(draft_dir: str | Path, k: int) -> dict:
-    """The vLLM ``--speculative-config`` for serving `draft_dir` as a separate draft model with K tokens."""
-    return {"model": str(Path(draft_dir).resolve()), "method": "draft_model", "num_speculative_tokens": int(k)}
+    """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens."""
+    from decode.vllm import speculative_config as vllm_config
+
+    return vllm_config(str(Path(draft_dir).resolve()), k)
 
 
 def target_identity(target: str | Path) -> dict:
