@@ -308,13 +308,16 @@ class Pipeline:
     def serving_ab(self, target: str, drafts: dict[str, str], prompts: dict, out: Path) -> None:
         """The serving A/B on vLLM (eval/serving.py) into ``DIR/eval/serving.json``, on the eval's prompts."""
         from eval.runner import file_prompts, heldout_prompts
-        from eval.serving import run_serving_ab
+        from eval.serving import report_section, run_serving_ab
 
         serving = self.cfg.eval.serving
         ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
                else file_prompts(prompts["prompts_file"], serving.max_prompts))
-        run_serving_ab(serving, target=target, drafts=drafts, k=list(self.cfg.eval.k),
-                       prompts=[p[0].tolist() for p in ids], out_dir=str(out), dtype=self.cfg.pair.dtype, log=self.log)
+        result = run_serving_ab(serving, target=target, drafts=drafts, k=list(self.cfg.eval.k),
+                                prompts=[p[0].tolist() for p in ids], out_dir=str(out), dtype=self.cfg.pair.dtype,
+                                log=self.log)
+        report = out / "report.md"
+        write_text(report, report.read_text() + report_section(result))
 
     def promote(self) -> None:
         from draftsmith.promote import promote

@@ -240,3 +240,28 @@ def _save(fig, path: Path) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path.name
+
+
+def report_section(serving: dict) -> str:
+    """The serving A/B as a report.md section: per cell throughput and latency on vs off, the boundary, the plots."""
+    lines = ["", "## Serving A/B on vLLM", "",
+             f"vLLM {serving['vllm'].get('version') or serving['vllm'].get('url', '')}, {serving['prompts']} prompts, "
+             f"{serving['settings']['max_tokens']} tokens per request, closed-loop concurrency "
+             f"{serving['settings']['concurrency']}. Speedup = output tokens/s with speculation / without.", "",
+             "| draft | K | concurrency | tokens/s on | tokens/s off | speedup | TTFT p50 on / off (ms) "
+             "| TPOT p50 on / off (ms) | vLLM acceptance rate | outputs equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in sorted(serving["cells"], key=lambda c: (c["draft"], c["k"] or 0, c["concurrency"])):
+        s, p = c["spec"], c["plain"]
+        rate = "-" if c.get("acceptance_rate") is None else f"{c['acceptance_rate']:.3f}"
+        lines.append(f"| {c['draft']} | {c['k']} | {c['concurrency']} | {s['output_tokens_per_s']:.1f} | "
+                     f"{p['output_tokens_per_s']:.1f} | {_fmt(c['speedup'], 'x')} | {_fmt(s['ttft_ms_p50'])} / "
+                     f"{_fmt(p['ttft_ms_p50'])} | {_fmt(s['tpot_ms_p50'])} / {_fmt(p['tpot_ms_p50'])} | {rate} | "
+                     f"{c['outputs_equal']} |")
+    lines += ["", *[f"- {line}" for line in summary_lines(serving)], ""]
+    lines += [f"![{name}]({name})" for name in serving.get("plots", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}"

@@ -23,6 +23,8 @@ def test_eval_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_path, monkeyp
     assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {("base", 2, 1), ("base", 2, 2)}
     assert all(c["outputs_equal"] for c in serving["cells"]) and "base" in serving["boundary"]
     assert (tmp_path / "run/eval/metrics.json").exists()  # the batch-1 eval is still there
+    report = (tmp_path / "run/eval/report.md").read_text()
+    assert "## Serving A/B on vLLM" in report and "| base | 2 | 2 |" in report and "serving_speedup.png" in report
     printed = capsys.readouterr().out
     assert "serving base K=2:" in printed and "at concurrency 1" in printed and "serving A/B on vLLM:" in printed
     summary = json.loads((tmp_path / "run/summary.json").read_text())
