@@ -60,7 +60,7 @@ def vllm_python(python: str | None = None) -> str:
     if python:
         return python
     local = Path(".venv-vllm") / "bin" / "python"
-    return os.environ.get("DRAFTSMITH_VLLM_PYTHON") or (str(local.resolve()) if local.exists() else sys.executable)
+    return os.environ.get("DRAFTSMITH_VLLM_PYTHON") or (str(local.absolute()) if local.exists() else sys.executable)  # not resolve(): the venv python is a symlink to the base interpreter
 
 
 def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
