@@ -54,3 +54,20 @@ def test_engine_vllm_without_vllm_fails_before_any_work(pair, tmp_path, monkeypa
 ])
 def test_serving_settings_are_checked_at_start_up(pair, tmp_path, monkeypatch, capsys, override, message):  # noqa: F811
     _expect_user_error(monkeypatch, capsys, serving_args(pair, tmp_path, override), message)
+
+
+def test_the_vllm_venv_in_the_working_directory_is_used_as_is(tmp_path, monkeypatch):
+    """./.venv-vllm/bin/python is a symlink to the base interpreter: resolving it would lose the venv (and vLLM)."""
+    import os
+    import sys
+
+    from decode.vllm import vllm_python
+
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, tmp_path / ".venv-vllm" / "bin" / "python")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DRAFTSMITH_VLLM_PYTHON", raising=False)
+    assert vllm_python() == str(tmp_path / ".venv-vllm" / "bin" / "python")
+    assert vllm_python("/opt/other/python") == "/opt/other/python"
+    monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", "/from/env/python")
+    assert vllm_python() == "/from/env/python"
