@@ -98,7 +98,7 @@ def autoregressive_generate(
     """Plain cached decoding with `model`, one forward per new token: the baseline.
 
     Args:
-        model: a causal LM (transformers 5 forward with ``cache=``), in eval mode.
+        model: a causal LM (transformers 5.x; decode/cache.py hands its KV cache over under the name the installed release takes), in eval mode.
         input_ids: [1, P] prompt; batch size 1 only. attention_mask: optional [1, P]; padded
             positions are dropped.
         max_new_tokens: exact cap on new tokens. eos_token_id: stop after the first of these.
