@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from decode.errors import UserError
+from decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
 
 
 class PairError(UserError, ValueError):
@@ -91,8 +92,10 @@ def check_embedding_width(model: torch.nn.Module, tokenizer: PreTrainedTokenizer
 
 
 def load_tokenizer(name_or_path: str | Path, role: str = "model") -> PreTrainedTokenizerBase:
-    """AutoTokenizer.from_pretrained with an error that names the role and the path."""
+    """AutoTokenizer.from_pretrained with an error that names the role and the path (a ``.gguf`` file too)."""
     name_or_path = str(name_or_path)
+    if is_gguf(name_or_path):
+        return load_gguf_tokenizer(name_or_path, role)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
@@ -142,8 +145,13 @@ def check_weight_files(name_or_path: str | Path, role: str = "model") -> None:
 
 def load_model(name_or_path: str | Path, role: str = "model", dtype: torch.dtype | str = "auto",
                device: str | torch.device = "cpu") -> torch.nn.Module:
-    """AutoModelForCausalLM.from_pretrained in eval mode on `device`; errors name the role and path."""
+    """AutoModelForCausalLM.from_pretrained in eval mode on `device`; errors name the role and path.
+
+    A ``.gguf`` file is dequantised to `dtype` (float32 for "auto") through transformers' GGUF support.
+    """
     name_or_path, dtype = str(name_or_path), resolve_dtype(dtype)
+    if is_gguf(name_or_path):
+        return load_gguf_model(name_or_path, role, None if dtype == "auto" else dtype).to(device).eval()
     check_weight_files(name_or_path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)

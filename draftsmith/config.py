@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from decode.errors import ConfigError, check_choice
+from decode.errors import ConfigError, check, check_choice
 from eval.gates import Gates
 from eval.settings import DecodeSettings, EvalSettings, ServingSettings
 from train.settings import DatagenSettings, TrainSettings
@@ -33,13 +33,21 @@ def required_message(keys: list[str], hint: str) -> str:
 
 @dataclass
 class PairConfig:
-    target: str = DEMO  # local dir or hub id; "demo" = the embedded demo target
+    target: str = DEMO  # local dir, hub id, .gguf file or package:MODULE/FILE; "demo" = the embedded demo target
     draft: str = DEMO  # the base draft to distill (and compare against); "demo" = the demo base draft
+    draft_layers: Optional[int] = None  # instead of pair.draft: the target's first N layers (+ embedding, head)
     dtype: str = "float32"  # float32 | bfloat16 | float16 (eval and datagen; training has its own precision)
     device: str = "cpu"  # cpu | cuda | cuda:N | mps
 
     def __post_init__(self):
         check_choice("pair.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if self.draft_layers is not None:
+            check(self.draft_layers >= 1, f"pair.draft_layers must be >= 1 (decoder layers of the target to keep), "
+                                          f"got {self.draft_layers}")
+            if self.draft not in (DEMO, "", None):
+                raise ConfigError(f"pair.draft={self.draft!r} and pair.draft_layers={self.draft_layers} are both "
+                                  "given: the draft is one or the other (unset one of them)")
+            self.draft = ""
         if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", self.device or ""):
             raise ConfigError(f"pair.device={self.device!r} is not a device: use cpu, cuda, cuda:N or mps")
 
@@ -48,7 +56,7 @@ class PairConfig:
 class DataSection(DatagenSettings):
     """``data.*``: the datagen settings (train/settings.py) plus where the pipeline finds and keeps prompts."""
 
-    demo_prompts: int = 480  # number of demo domain prompts (data.prompts=demo only)
+    demo_prompts: int = 480  # number of built-in prompts (data.prompts=demo or stdlib-chat)
     cache_dir: Optional[str] = None  # share datagen outputs between runs (sweeps: <sweep dir>/.datagen by default)
 
 
@@ -160,7 +168,8 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError(f"stages={list(cfg.stages)} lists a stage twice")
     if cfg.out_dir == "":
         raise ConfigError("out_dir is empty: give a directory for the stage outputs (or leave it unset)")
-    missing = [f"pair.{key}" for key in ("target", "draft") if not getattr(cfg.pair, key)]
+    missing = [f"pair.{key}" for key in ("target", "draft") if not getattr(cfg.pair, key)
+               and not (key == "draft" and cfg.pair.draft_layers)]
     if not cfg.data.prompts and {"datagen"} & set(cfg.stages):
         missing.append("data.prompts")
     if missing:

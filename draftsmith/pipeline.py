@@ -60,19 +60,35 @@ class Pipeline:
     def pair(self) -> tuple[str, str]:
         """(target, base draft) ids or paths; the demo pair is built (or found in the cache) here."""
         if self._pair is None:
-            target, draft = self.cfg.pair.target, self.cfg.pair.draft
+            from draftsmith.demo import cache_root
+            from draftsmith.pairs import layer_draft, resolve_model
+
+            pair = self.cfg.pair
+            target, draft = pair.target, pair.draft
             if DEMO in (target, draft):
                 from draftsmith.demo import PRESETS, build_demo_pair
 
                 demo_target, demo_draft = build_demo_pair(PRESETS[self.cfg.demo.preset], log=self.log)
                 target = str(demo_target) if target == DEMO else target
                 draft = str(demo_draft) if draft == DEMO else draft
+            target = resolve_model(target, "pair.target", cache_root(), log=self.log)
+            if pair.draft_layers:
+                draft = layer_draft(target, pair.draft_layers, cache_root(), log=self.log)
+            else:
+                draft = resolve_model(draft, "pair.draft", cache_root(), log=self.log)
             self._pair = (target, draft)
         return self._pair
 
     def prompts_path(self, target: str) -> str:
-        """``data.prompts``, with ``demo`` replaced by the demo domain prompts written into out_dir."""
+        """``data.prompts``, with ``demo`` (the demo domain prompts) and ``stdlib-chat`` (chat prompts about the
+        standard library, :mod:`draftsmith.chat_prompts`) replaced by the file written into out_dir."""
+        from draftsmith.chat_prompts import STDLIB_CHAT, write_stdlib_chat_prompts
+
         prompts = self.cfg.data.prompts
+        if prompts == STDLIB_CHAT:
+            self.out.mkdir(parents=True, exist_ok=True)
+            return str(write_stdlib_chat_prompts(self.out / "stdlib_chat_prompts.jsonl", n=self.cfg.data.demo_prompts,
+                                                 seed=self.cfg.data.seed))
         if prompts != DEMO:
             return prompts
         from draftsmith.demo import write_domain_prompts

@@ -11,13 +11,47 @@ name the key the user types. The stages' run configs (``train.datagen.DatagenCon
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from decode.errors import check, check_choice
 from train.prompts import PromptFormat, PromptSource
 
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
+ENGINES = ("hf", "vllm")
+
+
+@dataclass(kw_only=True)
+class DatagenVllmSettings:
+    """How datagen runs the target on vLLM (``data.engine=vllm``): the schema of the ``data.vllm.*`` keys.
+
+    The names are eval.serving.*'s where the meaning is the same. vLLM's OpenAI-compatible server is
+    started here (train/datagen_vllm.py) unless `url` names one that runs elsewhere.
+    """
+
+    python: Optional[str] = None  # the interpreter that imports vllm (its own venv); None = $DRAFTSMITH_VLLM_PYTHON,
+    # else ./.venv-vllm/bin/python when it exists, else this one
+    url: Optional[str] = None  # a running vLLM server of the target (e.g. on a GPU node): nothing is launched
+    tensor_parallel_size: int = 1  # GPUs one copy of the target is split over (vLLM --tensor-parallel-size)
+    data_parallel_size: int = 1  # copies of the target behind the one server (vLLM --data-parallel-size)
+    gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU
+    kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE (CPU backend only)
+    enforce_eager: bool = True  # skip graph capture / compilation (fast start-up; false on a GPU for throughput)
+    startup_timeout_s: float = 600.0  # wait for the server's /health (a large target loads for minutes)
+    request_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)  # more api_server arguments, e.g. ["--max-num-seqs", "512"]
+
+    def __post_init__(self):
+        for key in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, key)
+            check(isinstance(value, int) and value >= 1, f"data.vllm.{key} must be an integer >= 1, got {value!r}")
+        check(self.url is None or self.url.startswith(("http://", "https://")),
+              f"data.vllm.url={self.url!r} is not an http(s) URL (e.g. http://gpu-node:8000)")
+        check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+              f"data.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        check(self.kvcache_gib > 0, f"data.vllm.kvcache_gib must be > 0 (GiB), got {self.kvcache_gib}")
+        check(self.startup_timeout_s > 0, f"data.vllm.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        check(self.request_timeout_s > 0, f"data.vllm.request_timeout_s must be > 0, got {self.request_timeout_s}")
 
 
 @dataclass(kw_only=True)
@@ -37,11 +71,16 @@ class DatagenSettings(PromptFormat):
     top_p: float = 1.0
     n_completions: int = 1  # completions per prompt (sampling only)
     top_k_logprobs: int = 32  # > 0 keeps the target's top-k log-probs (needed by method.teacher=cached)
-    batch_size: int = 32
+    batch_size: int = 32  # hf: prompts per generate batch; vllm: requests in flight (>= the server's --max-num-seqs)
     seed: int = 0
+    engine: str = "hf"  # hf (transformers generate, here) | vllm (vLLM's server: data.vllm.*)
+    vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings)
 
     def __post_init__(self):
         super().__post_init__()
+        check_choice("data.engine", self.engine, ENGINES)
+        if isinstance(self.vllm, dict):  # the Python API and JSON configs may give the section as a dict
+            self.vllm = DatagenVllmSettings(**self.vllm)
         check(self.max_new_tokens >= 1, f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         check(self.n_completions >= 1, f"data.n_completions must be >= 1, got {self.n_completions}")
         check(self.n_completions == 1 or self.temperature > 0,
@@ -87,6 +126,7 @@ class TrainSettings:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: Any = "all-linear"  # "all-linear" or a list of module names (e.g. [q_proj, v_proj])
+    freeze_embeddings: bool = False  # full method: keep the input embedding and the output head fixed (tied or not)
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -104,6 +144,8 @@ class TrainSettings:
     device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self):
+        check(not (self.freeze_embeddings and self.method == "lora"),
+              "method.freeze_embeddings applies to method.method=full (LoRA already keeps the embeddings fixed)")
         check_choice("method.method", self.method, METHODS)
         check_choice("method.loss", self.loss, LOSSES)
         check_choice("method.teacher", self.teacher, TEACHERS)

@@ -1,0 +1,89 @@
+"""``data.prompts=stdlib-chat``: chat prompts written from the standard library's own documentation.
+
+A real instruction-tuned target needs instructions, and a prompt set that is on every machine
+without a download: questions about the standard library's modules and functions, written from
+their docstrings (read with :mod:`ast`, nothing is imported). Each record is
+``{"messages": [{"role": "user", "content": ...}]}``, so the target's own chat template renders
+it (``data.messages_field``, the default ``messages``). The set is deterministic for a seed;
+held-out prompts are chosen by text hash as for any prompt file.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+from artifacts import write_text
+
+STDLIB_CHAT = "stdlib-chat"  # the data.prompts value
+
+MODULE_TEMPLATES = (
+    "What is the Python standard-library module `{name}` for? Its documentation begins:\n\n{doc}\n\n"
+    "Explain it in a few sentences.",
+    "Summarize in plain words what the `{name}` module provides, based on this excerpt of its docstring:\n\n{doc}",
+)
+FUNCTION_TEMPLATES = (
+    "Explain what the Python function `{name}{signature}` does. Its docstring says:\n\n{doc}",
+    "Show a short example of calling `{name}{signature}` and say what it returns. Docstring:\n\n{doc}",
+    "When would I use `{name}` in Python? Here is its documentation:\n\n{doc}",
+)
+
+
+def _first_paragraph(doc: str, limit: int = 400) -> str:
+    para = doc.strip().split("\n\n")[0].strip()
+    return para if len(para) <= limit else para[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _signature(node: ast.FunctionDef) -> str:
+    try:
+        return "(" + ast.unparse(node.args) + ")"
+    except Exception:  # noqa: BLE001 - an odd signature only loses its text
+        return "(...)"
+
+
+def documented_items(files: list[Path], root: Path) -> list[tuple[str, str, str, str]]:
+    """(kind, dotted name, signature, first docstring paragraph) of each documented module and public function."""
+    items = []
+    for path in files:
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        if any(part.startswith("_") for part in module.split(".")):  # private modules, __main__
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        doc = ast.get_docstring(tree)
+        if doc and len(doc) > 40:
+            items.append(("module", module, "", _first_paragraph(doc)))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    items.append(("function", f"{module}.{node.name}", _signature(node), _first_paragraph(doc)))
+    return items
+
+
+def stdlib_chat_records(n: int, seed: int = 0) -> list[dict]:
+    """`n` chat prompt records about the standard library (fewer only if it documents fewer items)."""
+    from draftsmith.demo import stdlib_files
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    items = documented_items(stdlib_files(), root)
+    rng = random.Random(seed)
+    rng.shuffle(items)
+    records = []
+    for kind, name, signature, doc in items[:n]:
+        templates = MODULE_TEMPLATES if kind == "module" else FUNCTION_TEMPLATES
+        text = rng.choice(templates).format(name=name, signature=signature, doc=doc)
+        records.append({"messages": [{"role": "user", "content": text}]})
+    return records
+
+
+def write_stdlib_chat_prompts(path: str | Path, n: int, seed: int = 0) -> Path:
+    """Write :func:`stdlib_chat_records` as JSONL to `path` (atomically); returns the path."""
+    records = stdlib_chat_records(n, seed)
+    write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+    return Path(path)

