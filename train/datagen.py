@@ -10,11 +10,18 @@ Output (written atomically to ``cfg.out_dir``): a ``datasets.DatasetDict`` saved
     topk_ids         list[list[int]]    (top_k_logprobs > 0) the target's top-k token ids per completion position
     topk_logprobs    list[list[float]]  their log-probabilities (temperature 1, before any filter)
 
-and ``manifest.json`` (target, tokenizer hash, sampling settings, counts, timings, provenance).
+and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, provenance).
+
+Two engines make the same rows (``data.engine``): ``hf`` runs transformers' ``generate`` here in
+left-padded batches; ``vllm`` sends the same prompt token ids to vLLM's server (train/datagen_vllm.py).
+Both end a completion at the first token of the same EOS set (:func:`eos_ids`, :func:`trim_at_eos`).
+Prompt reading, the held-out split, the manifest and the atomic write are shared (:func:`run`).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,16 +77,13 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfi
         return_dict_in_generate=True, output_logits=cfg.top_k_logprobs > 0,
     )
     new = out.sequences[:, width:].cpu()  # [B*n, T]
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model.generation_config, tokenizer)
     if cfg.top_k_logprobs:
         logp = torch.log_softmax(torch.stack(out.logits, 1).float(), -1)  # [B*n, T, V]
         top = torch.topk(logp, cfg.top_k_logprobs, dim=-1)
     records = []
     for row in range(new.shape[0]):
-        tokens = new[row].tolist()
-        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
-        finished = end is not None
-        tokens = tokens[:end] if finished else tokens
+        tokens, finished = trim_at_eos(new[row].tolist(), eos)
         rec = {"prompt_ids": prompts[row // cfg.n_completions], "completion_ids": tokens, "finished": finished}
         if cfg.top_k_logprobs:
             rec["topk_ids"] = top.indices[row, : len(tokens)].tolist()
@@ -88,11 +92,31 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfi
     return records
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
+def eos_ids(generation_config, tokenizer) -> set[int]:
+    """The token ids that end a completion: the generation config's ``eos_token_id`` (an id or a list), else the
+    tokenizer's EOS."""
+    eos = getattr(generation_config, "eos_token_id", None)
     if eos is None:
         eos = tokenizer.eos_token_id
     return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+
+def target_eos_ids(target: str, tokenizer) -> set[int]:
+    """:func:`eos_ids` of `target` without loading its weights: its generation config as ``from_pretrained`` builds
+    it (generation_config.json, else derived from config.json)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(target)
+    except OSError:
+        generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(target))
+    return eos_ids(generation_config, tokenizer)
+
+
+def trim_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
+    return (tokens[:end], True) if end is not None else (list(tokens), False)
 
 
 def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig, desc: str) -> list[dict]:
@@ -117,6 +141,28 @@ def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig,
     return rows
 
 
+def generate_splits(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[int]]]):
+    """Every split's rows from the configured engine -> (rows per split, generate seconds, the manifest's engine
+    record, log files for the output). The engine's start-up (model load, vLLM server) is outside the seconds."""
+    if cfg.engine == "vllm":
+        from train import datagen_vllm
+
+        eos = target_eos_ids(cfg.target, tokenizer)
+        log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure
+        with datagen_vllm.engine(cfg, log) as served:
+            started = time.perf_counter()
+            splits = {name: datagen_vllm.generate_all(served.url, served.model, ids, cfg, eos, f"datagen {name}")
+                      for name, ids in prompts.items()}
+            gen_s = time.perf_counter() - started
+        if not log.exists():  # data.vllm.url: nothing was launched
+            shutil.rmtree(log.parent, ignore_errors=True)
+        return splits, gen_s, served.info, [log] if log.exists() else []
+    model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
+    started = time.perf_counter()
+    splits = {name: generate_all(model, tokenizer, ids, cfg, f"datagen {name}") for name, ids in prompts.items()}
+    return splits, time.perf_counter() - started, {"name": "hf"}, []  # transformers' version: provenance
+
+
 def run(cfg: DatagenConfig) -> dict:
     """Run datagen end to end; returns the manifest (also written to ``out_dir/manifest.json``)."""
     import datasets
@@ -130,18 +176,14 @@ def run(cfg: DatagenConfig) -> dict:
         raise PromptError(f"data.prompts={cfg.prompts!r}: only {len(prepared.train)} usable training prompts "
                          f"(need >= {cfg.min_prompts}; counts: {prepared.counts}). Add prompts or raise "
                          "data.max_prompt_tokens.")
-    model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
-    gen_started = time.perf_counter()
-    splits = {name: generate_all(model, tokenizer, ids, cfg, f"datagen {name}")
-              for name, ids in (("train", prepared.train), ("heldout", prepared.heldout))}
-    gen_s = time.perf_counter() - gen_started
+    splits, gen_s, engine, logs = generate_splits(cfg, tokenizer, {"train": prepared.train, "heldout": prepared.heldout})
     n_tokens = sum(len(r["completion_ids"]) for rows in splits.values() for r in rows)
     features = _features(cfg.top_k_logprobs > 0)
     ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
                                for name, rows in splits.items()})
     manifest = {
         "schema_version": SCHEMA_VERSION, "stage": "datagen", "target": cfg.target,
-        "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg),
+        "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg), "engine": engine,
         "counts": {**prepared.counts, "completions": {k: len(v) for k, v in splits.items()},
                    "completion_tokens": n_tokens},
         "timing": {"generate_s": gen_s, "tokens_per_s": n_tokens / gen_s if gen_s else 0.0,
@@ -151,6 +193,10 @@ def run(cfg: DatagenConfig) -> dict:
     with atomic_dir(cfg.out_dir) as tmp:
         ds.save_to_disk(str(tmp / "data"))
         write_json(tmp / "manifest.json", manifest)
+        for log in logs:
+            shutil.copy(log, tmp / log.name)
+    for log in logs:
+        shutil.rmtree(log.parent, ignore_errors=True)
     return manifest
 
 

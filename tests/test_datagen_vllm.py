@@ -1,0 +1,293 @@
+"""datagen on vLLM (data.engine=vllm): requests, response -> rows, the client against a fake server, settings and
+start-up checks. The real engine against the HF one: tests/test_datagen_vllm_real.py (slow)."""
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import EOS_ID, make_model, make_tokenizer
+from decode.errors import ConfigError
+from decode.vllm import VllmError, require_vllm
+from train.datagen import DatagenConfig, load_output, run, trim_at_eos
+from train.datagen_vllm import generate_all, records_of, request_body, server_args, top_k_of
+from train.settings import DatagenSettings, DatagenVllmSettings
+
+# A response in the form of vLLM's /v1/completions (prompt [20, 31, 7], max_tokens 4, logprobs 3, return_token_ids and
+# return_tokens_as_token_ids).
+RECORDED = json.loads("""
+{"id": "cmpl-8f1", "object": "text_completion", "model": "target", "choices": [{"index": 0, "text": "w37 w37 w9 w50",
+ "token_ids": [41, 41, 13, 54], "finish_reason": "length", "stop_reason": null, "prompt_token_ids": [20, 31, 7],
+ "logprobs": {"text_offset": [0, 3, 6, 8], "token_logprobs": [-0.0371, -0.1893, -0.8402, -0.5017],
+  "tokens": ["token_id:41", "token_id:41", "token_id:13", "token_id:54"],
+  "top_logprobs": [{"token_id:41": -0.0371, "token_id:12": -4.1207, "token_id:33": -4.4781},
+                   {"token_id:41": -0.1893, "token_id:13": -2.3011, "token_id:54": -3.0125},
+                   {"token_id:13": -0.8402, "token_id:54": -1.0317, "token_id:41": -2.9966},
+                   {"token_id:54": -0.5017, "token_id:2": -1.2264, "token_id:13": -2.6478}]}}],
+ "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4}}
+""")
+
+
+def settings(**kw):
+    base = dict(target="t", prompts="-", out_dir="-", max_new_tokens=4, top_k_logprobs=3)
+    return DatagenConfig(**{**base, **kw})
+
+
+def choice(index, tokens, top=None):
+    """A vLLM-like choice: `tokens`, and per position the `top` dict (default: the token best, two below it)."""
+    if top is None:
+        top = [{f"token_id:{t}": -0.1, f"token_id:{(t + 1) % 64}": -2.0, f"token_id:{(t + 2) % 64}": -3.0}
+               for t in tokens]
+    return {"index": index, "token_ids": tokens, "logprobs": {"tokens": [f"token_id:{t}" for t in tokens],
+                                                              "top_logprobs": top}}
+
+
+def test_recorded_response_becomes_the_hf_engines_row():
+    rows = records_of(RECORDED, [20, 31, 7], settings(), {EOS_ID})
+    assert rows == [{"prompt_ids": [20, 31, 7], "completion_ids": [41, 41, 13, 54], "finished": False,
+                     "topk_ids": [[41, 12, 33], [41, 13, 54], [13, 54, 41], [54, 2, 13]],
+                     "topk_logprobs": [[-0.0371, -4.1207, -4.4781], [-0.1893, -2.3011, -3.0125],
+                                       [-0.8402, -1.0317, -2.9966], [-0.5017, -1.2264, -2.6478]]}]
+    # an EOS set that holds 13: the completion ends there, EOS included, finished, top-k cut to its length
+    rows = records_of(RECORDED, [20, 31, 7], settings(), {EOS_ID, 13})
+    assert rows[0]["completion_ids"] == [41, 41, 13] and rows[0]["finished"] is True
+    assert rows[0]["topk_ids"] == [[41, 12, 33], [41, 13, 54], [13, 54, 41]]
+
+
+def test_eos_ends_a_completion_as_in_the_hf_engine():
+    assert trim_at_eos([5, 6, 2, 7, 2], {2}) == ([5, 6, 2], True)
+    assert trim_at_eos([5, 6, 7], {2}) == ([5, 6, 7], False)
+    assert trim_at_eos([9, 5], {2, 9}) == ([9], True)
+    # a server that ran past EOS (e.g. one elsewhere without our stop ids) is cut at the first EOS too
+    rows = records_of({"choices": [choice(0, [5, 2, 6, 7])]}, [4], settings(), {2})
+    assert rows[0]["completion_ids"] == [5, 2] and rows[0]["finished"] and len(rows[0]["topk_ids"]) == 2
+
+
+def test_top_k_keeps_the_k_largest_of_k_plus_one_entries_best_first():
+    # sampling: vLLM adds the sampled token (here 7, outside the top 3) to the top k
+    position = {"token_id:7": -6.5, "token_id:3": -0.2, "token_id:9": -1.5, "token_id:4": -1.1}
+    assert top_k_of(position, 3) == ([3, 4, 9], [-0.2, -1.1, -1.5])
+    with pytest.raises(VllmError, match="keyed by text"):
+        top_k_of({"Hello": -0.1}, 1)
+
+
+def test_n_completions_come_back_in_choice_order_one_row_each():
+    cfg = settings(temperature=0.8, n_completions=3)
+    response = {"choices": [choice(2, [9, 9]), choice(0, [5, 2]), choice(1, [6, 7])]}
+    rows = records_of(response, [4, 4], cfg, {2})
+    assert [r["completion_ids"] for r in rows] == [[5, 2], [6, 7], [9, 9]]
+    assert [r["finished"] for r in rows] == [True, False, False]
+    assert all(r["prompt_ids"] == [4, 4] for r in rows)
+    with pytest.raises(VllmError, match="returned 2 completions .* data.n_completions=3"):
+        records_of({"choices": response["choices"][:2]}, [4, 4], cfg, {2})
+
+
+def test_missing_top_logprobs_and_old_servers_are_clear_errors():
+    bad = choice(0, [5, 6])
+    bad["logprobs"]["top_logprobs"] = bad["logprobs"]["top_logprobs"][:1]
+    with pytest.raises(VllmError, match="for 1 of 2 completion positions"):
+        records_of({"choices": [bad]}, [4], settings(), {2})
+    old = choice(0, [5, 6])
+    del old["token_ids"]  # vLLM < 0.10: the ids come from the log-prob tokens
+    assert records_of({"choices": [old]}, [4], settings(), {2})[0]["completion_ids"] == [5, 6]
+    with pytest.raises(VllmError, match="neither token_ids nor log-prob tokens"):
+        records_of({"choices": [{"index": 0, "text": "w1"}]}, [4], settings(top_k_logprobs=0), {2})
+
+
+def test_request_body_matches_the_hf_engines_settings():
+    greedy = request_body("m", [4, 5], settings(), {2, 9}, seed=11)
+    assert greedy["prompt"] == [4, 5] and greedy["temperature"] == 0.0 and "seed" not in greedy
+    assert greedy["ignore_eos"] is True and greedy["stop_token_ids"] == [2, 9]  # stop exactly at our EOS set
+    assert greedy["logprobs"] == 3 and greedy["return_tokens_as_token_ids"] is True and greedy["max_tokens"] == 4
+    assert greedy["add_special_tokens"] is False and greedy["top_k"] == 0
+    sampled = request_body("m", [4], settings(temperature=0.7, top_p=0.9, n_completions=2, top_k_logprobs=0), {2}, 11)
+    assert (sampled["temperature"], sampled["top_p"], sampled["n"], sampled["seed"]) == (0.7, 0.9, 2, 11)
+    assert "logprobs" not in sampled
+
+
+def test_server_args_raise_max_logprobs_and_pass_parallelism_through():
+    args = server_args(settings(top_k_logprobs=32, vllm={"tensor_parallel_size": 4, "data_parallel_size": 2,
+                                                         "extra_args": ["--max-num-seqs", "512"]}))
+    assert args[args.index("--max-logprobs") + 1] == "32"
+    assert args[args.index("--tensor-parallel-size") + 1] == "4" and args[args.index("--data-parallel-size") + 1] == "2"
+    assert args[args.index("--logprobs-mode") + 1] == "raw_logprobs"
+    assert args[-2:] == ["--max-num-seqs", "512"]  # the user's flags last: they win
+    assert "--max-logprobs" not in server_args(settings(top_k_logprobs=20))  # vLLM's default cap is 20
+
+
+def test_settings_name_the_key():
+    assert DatagenSettings().engine == "hf"
+    with pytest.raises(ConfigError, match=r"data.engine='sglang' is not one of \['hf', 'vllm'\]"):
+        DatagenSettings(engine="sglang")
+    with pytest.raises(ConfigError, match="data.vllm.tensor_parallel_size must be an integer >= 1"):
+        DatagenVllmSettings(tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="data.vllm.url='gpu-node:8000' is not an http"):
+        DatagenVllmSettings(url="gpu-node:8000")
+    assert DatagenSettings(vllm={"url": "http://n:8000"}).vllm.url == "http://n:8000"
+
+
+def test_missing_vllm_is_one_line_naming_the_datagen_keys(tmp_path):
+    with pytest.raises(VllmError) as err:
+        require_vllm(sys.executable, key="data.vllm.python", engine_key="data.engine")  # this venv has no vLLM
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("data.engine=vllm but vLLM is not importable")
+    assert "set data.vllm.python=.venv-vllm/bin/python" in msg and "eval.serving" not in msg
+
+
+# -- the client against a fake server ---------------------------------------------------------------
+def fake_tokens(prompt, n, index):
+    """The fake model's completion of `prompt` (choice `index`): EOS (2) at position 2 when sum(prompt) % 3 == 0."""
+    out = [(sum(prompt) + 7 * j + index) % 60 + 4 for j in range(n)]
+    if sum(prompt) % 3 == 0 and n > 2:
+        out = out[:2] + [EOS_ID]
+    return out
+
+
+class FakeCompletions:
+    """A non-streaming /v1/completions server on a free port: `fake_tokens`, top log-probs keyed token_id:N (with a
+    sampled token 3 outside the top k at most positions), scripted failures by prompt (`fail`: first token -> status)."""
+
+    def __init__(self, delay_s=0.01, fail=None):
+        self.delay_s, self.fail = delay_s, dict(fail or {})
+        self.lock = threading.Lock()
+        self.inflight = self.max_inflight = 0
+        self.bodies = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    return self._send(200, {"data": [{"id": "fake-target"}]})
+                if self.path == "/version":
+                    return self._send(200, {"version": "0.0-fake"})
+                self._send(404, {})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with owner.lock:
+                    owner.bodies.append(body)
+                    owner.inflight += 1
+                    owner.max_inflight = max(owner.max_inflight, owner.inflight)
+                try:
+                    time.sleep(owner.delay_s)
+                    status = owner.fail.get(body["prompt"][0])
+                    if status:
+                        owner.fail[body["prompt"][0]] = None if status >= 500 else status  # a 5xx passes next time
+                        return self._send(status, {"error": {"message": "This model's maximum context length is 8"}})
+                    self._send(200, owner.response(body))
+                finally:
+                    with owner.lock:
+                        owner.inflight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def response(self, body):
+        k = body.get("logprobs") or 0
+        choices = []
+        for index in range(body["n"]):
+            tokens = fake_tokens(body["prompt"], body["max_tokens"], index)
+            # vLLM puts the sampled token first and merges it into the top k when it is there (k or k + 1 entries)
+            top = [{"token_id:3": -30.0, **{f"token_id:{(t + i) % 64}": -0.5 * i - 0.1 for i in range(k)}}
+                   for t in tokens]
+            choices.append({"index": index, "token_ids": tokens,
+                            "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "top_logprobs": top}})
+        return {"choices": choices[::-1]}  # out of order on purpose
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_client_keeps_prompt_order_with_requests_in_flight():
+    prompts = [[4 + i, 5 + i] for i in range(13)]
+    cfg = settings(max_new_tokens=5, batch_size=4, temperature=0.9, n_completions=2, seed=100)
+    with FakeCompletions() as fake:
+        rows = generate_all(fake.url, "fake-target", prompts, cfg, {EOS_ID}, "test")
+    assert 1 < fake.max_inflight <= 4
+    assert [r["prompt_index"] for r in rows] == [i for i in range(13) for _ in range(2)]
+    for pos, r in enumerate(rows):
+        index = pos % 2  # choice index
+        assert r["prompt_ids"] == prompts[r["prompt_index"]]
+        expect, finished = trim_at_eos(fake_tokens(r["prompt_ids"], 5, index), {EOS_ID})
+        assert r["completion_ids"] == expect and r["finished"] == finished
+        assert [ids[0] for ids in r["topk_ids"]] == expect  # the best first
+        assert all(-30.0 not in lps for lps in r["topk_logprobs"])  # the k + 1st entry (sampled token) dropped
+    assert any(r["finished"] for r in rows) and not all(r["finished"] for r in rows)
+    assert sorted(b["seed"] for b in fake.bodies) == [100 + i for i in range(13)]  # one seed per prompt
+
+
+def test_client_retries_a_5xx_and_names_the_fix_for_a_4xx():
+    prompts = [[4, 5], [6, 7], [8, 9]]
+    with FakeCompletions(fail={6: 503}) as fake:
+        rows = generate_all(fake.url, "fake-target", prompts, settings(), {EOS_ID}, "test")
+    assert len(rows) == 3 and len(fake.bodies) == 4  # prompt 1 sent twice
+    with FakeCompletions(fail={8: 400}) as fake, pytest.raises(VllmError) as err:
+        generate_all(fake.url, "fake-target", prompts, settings(), {EOS_ID}, "test")
+    assert "refused prompt 2 (HTTP 400" in str(err.value) and "data.max_prompt_tokens" in str(err.value)
+
+
+def test_run_on_a_server_elsewhere_writes_the_same_dataset_schema(tmp_path, tokenizer):
+    target = tmp_path / "target"
+    tokenizer.save_pretrained(target)  # the vLLM engine reads the tokenizer and generation config, not the weights
+    make_model("llama", seed=0).config.save_pretrained(target)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + j) % 60}" for j in range(4))}) + "\n"
+                               for i in range(30)))
+    out = tmp_path / "datagen"
+    with FakeCompletions(delay_s=0.0) as fake:
+        manifest = run(DatagenConfig(target=str(target), prompts=str(prompts), out_dir=str(out), max_new_tokens=5,
+                                     heldout_fraction=0.2, top_k_logprobs=3, batch_size=8, engine="vllm",
+                                     vllm={"url": fake.url + "/"}))
+    ds, m = load_output(out)
+    assert m["engine"] == {"name": "vllm", "url": fake.url, "version": "0.0-fake"}
+    assert m["config"]["engine"] == "vllm" and m["config"]["vllm"]["url"] == fake.url + "/"
+    assert set(ds) == {"train", "heldout"} and len(ds["train"]) == m["counts"]["train"]
+    assert ds["train"].features.keys() == {"prompt_ids", "completion_ids", "finished", "prompt_index", "topk_ids",
+                                           "topk_logprobs"}
+    row = ds["train"][0]
+    assert row["completion_ids"] == trim_at_eos(fake_tokens(row["prompt_ids"], 5, 0), {EOS_ID})[0]
+    assert len(row["topk_ids"]) == len(row["completion_ids"]) and len(row["topk_ids"][0]) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["datagen", "p.jsonl", "target"]
+
+
+def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys):
+    from draftsmith import cli
+
+    root = tmp_path / "pair"
+    target = make_model("llama", seed=0)
+    for name in ("target", "base"):
+        target.save_pretrained(root / name)
+        make_tokenizer().save_pretrained(root / name)
+    (root / "p.jsonl").write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    capsys.readouterr()
+    args = [f"pair.target={root / 'target'}", f"pair.draft={root / 'base'}", f"data.prompts={root / 'p.jsonl'}",
+            f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", "stages=[datagen]",
+            "data.engine=vllm", f"data.vllm.python={sys.executable}"]
+    for extra, message in (([], "data.engine=vllm but vLLM is not importable by"),
+                           (["data.vllm.url=http://127.0.0.1:9"], "data.vllm.url=http://127.0.0.1:9: nothing")):
+        monkeypatch.setattr(sys, "argv", ["draftsmith", *args, *extra])
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and err.startswith("draftsmith: error:") and message in err, err
+        assert not (tmp_path / "run" / "datagen").exists()

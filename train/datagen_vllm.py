@@ -1,0 +1,252 @@
+"""datagen on vLLM (``data.engine=vllm``): the target's completions and top-k log-probs from vLLM's server.
+
+The same rows as the HF engine (train/datagen.py), so train and eval cannot tell which engine made a
+dataset. The server is vLLM's OpenAI-compatible one, started by :class:`decode.vllm.VllmServer` (its
+own venv, always stopped) unless ``data.vllm.url`` names one running elsewhere; requests go to
+``/v1/completions``, ``data.batch_size`` of them in flight, and vLLM batches them continuously.
+
+One request per prompt::
+
+    prompt          the prompt's token ids (the chat template was applied once, by draftsmith)
+    n               data.n_completions; with temperature > 0 a per-request seed (data.seed + prompt index)
+    temperature, top_p, top_k=0, presence/frequency penalty 0: as the HF engine passes them; the other
+                    knobs (repetition_penalty, min_p) are left to the server's defaults, which vLLM takes
+                    from the target's generation_config.json as transformers' generate does
+    ignore_eos + stop_token_ids = the HF engine's EOS set (generation config, else tokenizer): vLLM stops
+                    exactly where HF does, the EOS token included in the token ids
+    logprobs=k, return_tokens_as_token_ids: the top-k log-probs keyed ``token_id:N``
+
+The log-probs are the target's raw ones: vLLM's default ``--logprobs-mode raw_logprobs`` (passed
+explicitly when the server is started here) takes log_softmax of the logits before temperature,
+penalties and top-k/top-p, like the HF engine's ``output_logits``. vLLM returns the sampled token's
+log-prob beside the top k (k or k + 1 entries per position); the k largest are kept, best first.
+``--max-logprobs`` (vLLM's default cap: 20) is raised to ``data.top_k_logprobs`` when it is larger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from decode.progress import progress
+from decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+from train.datagen import trim_at_eos
+
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+TOKEN_ID_PREFIX = "token_id:"  # the keys of top log-probs with return_tokens_as_token_ids
+
+
+# -- one request, one response (pure) -------------------------------------------------------------
+def request_body(model: str, prompt_ids: list[int], cfg, eos: set[int], seed: int) -> dict:
+    """The ``/v1/completions`` body for one prompt under the datagen settings `cfg` (non-streaming)."""
+    sampling = cfg.temperature > 0
+    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": cfg.max_new_tokens, "n": cfg.n_completions,
+            "temperature": cfg.temperature, "top_p": cfg.top_p if sampling else 1.0, "top_k": 0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "ignore_eos": True, "stop_token_ids": sorted(eos),  # stop exactly at the HF engine's EOS set
+            "return_token_ids": True, "skip_special_tokens": False, "add_special_tokens": False}
+    if sampling:
+        body["seed"] = seed
+    if cfg.top_k_logprobs:
+        body["logprobs"] = cfg.top_k_logprobs
+        body["return_tokens_as_token_ids"] = True
+    return body
+
+
+def token_id(key: str) -> int:
+    """The id in a ``token_id:N`` key; :class:`VllmError` when the server keyed log-probs by text."""
+    if not key.startswith(TOKEN_ID_PREFIX):
+        raise VllmError(f"the vLLM server returned log-probs keyed by text ({key!r}), not token ids: it ignored "
+                        "return_tokens_as_token_ids; use vLLM >= 0.6 for data.engine=vllm")
+    return int(key[len(TOKEN_ID_PREFIX):])
+
+
+def top_k_of(position: dict[str, float], k: int) -> tuple[list[int], list[float]]:
+    """The `k` largest log-probs of one position's ``{"token_id:N": logprob}`` (k or k + 1 entries), best first."""
+    items = sorted(((lp, token_id(key)) for key, lp in position.items()), key=lambda x: -x[0])[:k]
+    return [i for _, i in items], [lp for lp, _ in items]
+
+
+def choice_tokens(choice: dict) -> list[int]:
+    """A choice's generated token ids: ``token_ids`` (vLLM >= 0.10) or the ``token_id:N`` of its log-probs."""
+    if choice.get("token_ids") is not None:
+        return [int(t) for t in choice["token_ids"]]
+    tokens = (choice.get("logprobs") or {}).get("tokens")
+    if tokens is None:
+        raise VllmError("the vLLM server returned neither token_ids nor log-prob tokens: use vLLM >= 0.10 "
+                        "(return_token_ids) for data.engine=vllm")
+    return [token_id(t) for t in tokens]
+
+
+def records_of(response: dict, prompt_ids: list[int], cfg, eos: set[int]) -> list[dict]:
+    """The datagen rows of one ``/v1/completions`` response (one prompt, n choices), in choice order.
+
+    Each row: prompt_ids, completion_ids (ending with EOS when finished), finished, and with
+    ``cfg.top_k_logprobs`` > 0 topk_ids / topk_logprobs per completion position — the HF engine's schema.
+    """
+    choices = sorted(response.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != cfg.n_completions:
+        raise VllmError(f"the vLLM server returned {len(choices)} completions for a prompt, expected "
+                        f"data.n_completions={cfg.n_completions}")
+    records = []
+    for choice in choices:
+        tokens, finished = trim_at_eos(choice_tokens(choice), eos)
+        rec = {"prompt_ids": list(prompt_ids), "completion_ids": tokens, "finished": finished}
+        if cfg.top_k_logprobs:
+            top = (choice.get("logprobs") or {}).get("top_logprobs") or []
+            if len(top) < len(tokens) or any(not pos for pos in top[: len(tokens)]):
+                raise VllmError(f"the vLLM server returned top log-probs for {len(top)} of {len(tokens)} completion "
+                                "positions; it must return them for every generated token")
+            pairs = [top_k_of(pos, cfg.top_k_logprobs) for pos in top[: len(tokens)]]
+            rec["topk_ids"] = [ids for ids, _ in pairs]
+            rec["topk_logprobs"] = [lps for _, lps in pairs]
+        records.append(rec)
+    return records
+
+
+# -- many requests ----------------------------------------------------------------------------------
+def refusal_hint(detail: str, cfg) -> str:
+    """What to do about a request vLLM refused (HTTP 4xx), from its message."""
+    if "logprobs" in detail.lower():
+        return (f" - the server's --max-logprobs is below data.top_k_logprobs={cfg.top_k_logprobs}: start it with "
+                f"--max-logprobs {cfg.top_k_logprobs} (or lower data.top_k_logprobs)")
+    if "context length" in detail.lower() or "max_model_len" in detail.lower():
+        return " - lower data.max_prompt_tokens or data.max_new_tokens, or raise the server's --max-model-len"
+    return ""
+
+
+async def _post(client, url: str, body: dict, index: int, cfg, attempts: int = 3) -> dict:
+    """POST one request; transport errors and 5xx are retried (`attempts` in all), a 4xx is an error at once."""
+    import httpx
+
+    error = ""
+    for attempt in range(attempts):
+        try:
+            resp = await client.post(url + "/v1/completions", json=body)
+        except httpx.TransportError as exc:  # connection refused or reset, timeouts
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            if resp.status_code == 200:
+                return resp.json()
+            detail = resp.text[:400]
+            if resp.status_code < 500:
+                raise VllmError(f"{url}/v1/completions refused prompt {index} (HTTP {resp.status_code}: {detail})"
+                                + refusal_hint(detail, cfg))
+            error = f"HTTP {resp.status_code}: {detail}"
+        await asyncio.sleep(2.0 ** attempt)
+    raise VllmError(f"{url}/v1/completions failed for prompt {index} after {attempts} attempts ({error}); is the "
+                    "server up? (data.vllm.request_timeout_s bounds one request)")
+
+
+async def _generate(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], bar) -> list[list[dict]]:
+    """Every prompt's records, `cfg.batch_size` requests in flight (each worker sends its next when one returns)."""
+    import httpx
+
+    results: list[Optional[list[dict]]] = [None] * len(prompts)
+    todo = iter(range(len(prompts)))  # shared: each worker takes the next prompt
+    workers = max(1, min(cfg.batch_size, len(prompts)))
+    started, n_tokens = time.perf_counter(), 0
+    limits = httpx.Limits(max_connections=workers + 2, max_keepalive_connections=workers + 2)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.vllm.request_timeout_s), limits=limits) as client:
+
+        async def worker():
+            nonlocal n_tokens
+            for i in todo:
+                body = request_body(model, prompts[i], cfg, eos, seed=cfg.seed + i)
+                results[i] = records_of(await _post(client, url, body, i, cfg), prompts[i], cfg, eos)
+                n_tokens += sum(len(r["completion_ids"]) for r in results[i])
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - started):.1f}")
+
+        async with asyncio.TaskGroup() as group:  # one failure cancels the other workers
+            for _ in range(workers):
+                group.create_task(worker())
+    return results
+
+
+def generate_all(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], desc: str) -> list[dict]:
+    """All completions for `prompts` from the vLLM server at `url`, rows in prompt order (as the HF engine's)."""
+    try:
+        import httpx  # noqa: F401
+    except ImportError as exc:
+        raise VllmError("data.engine=vllm needs httpx: pip install -e '.[serving]'") from exc
+    if not prompts:
+        return []
+    bar = progress(total=len(prompts), desc=desc, unit="prompt")
+    try:
+        results = asyncio.run(_generate(url, model, prompts, cfg, eos, bar))
+    except ExceptionGroup as group:  # TaskGroup: report the first worker's error as itself
+        raise group.exceptions[0] from None
+    finally:
+        bar.close()
+    return [{**rec, "prompt_index": i} for i, recs in enumerate(results) for rec in recs]
+
+
+# -- the engine -------------------------------------------------------------------------------------
+def served_model(url: str) -> str:
+    """The first model id of ``GET {url}/v1/models`` (the name requests must use)."""
+    status, body = http_get(url.rstrip("/") + "/v1/models", timeout_s=30.0)
+    try:
+        return json.loads(body)["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise VllmError(f"{url}/v1/models answered {status or 'nothing'} without a model id: is data.vllm.url a "
+                        "running vLLM server?") from None
+
+
+def server_version(url: str) -> Optional[str]:
+    """vLLM's version from ``GET {url}/version`` (None when it does not say)."""
+    status, body = http_get(url.rstrip("/") + "/version", timeout_s=10.0)
+    try:
+        return json.loads(body).get("version") if status == 200 else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def server_args(cfg) -> list[str]:
+    """The api_server arguments datagen adds: parallelism, the raw log-probs and their cap, then data.vllm.extra_args."""
+    s = cfg.vllm
+    args = ["--tensor-parallel-size", str(s.tensor_parallel_size), "--data-parallel-size", str(s.data_parallel_size),
+            "--logprobs-mode", "raw_logprobs", "--disable-uvicorn-access-log"]
+    if cfg.top_k_logprobs > VLLM_MAX_LOGPROBS:
+        args += ["--max-logprobs", str(cfg.top_k_logprobs)]
+    return args + [str(a) for a in s.extra_args]
+
+
+def server_spec(cfg, device: str) -> ServerSpec:
+    """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`."""
+    s = cfg.vllm
+    return ServerSpec(model=cfg.target, python=s.python, dtype=cfg.dtype, device=device,
+                      gpu_memory_utilization=s.gpu_memory_utilization, kvcache_gib=s.kvcache_gib,
+                      enforce_eager=s.enforce_eager, extra_args=server_args(cfg))
+
+
+@dataclass
+class Engine:
+    """A vLLM server to send datagen requests to: its URL, served model name, and what the manifest records."""
+
+    url: str
+    model: str
+    info: dict  # {"name": "vllm", "version", "device" | "url", "start_s"}
+
+
+@contextlib.contextmanager
+def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
+    """The vLLM server for `cfg`: the one at ``data.vllm.url``, or one started here (stopped on leaving)."""
+    s = cfg.vllm
+    if s.url:
+        url = s.url.rstrip("/")
+        yield Engine(url, served_model(url), {"name": "vllm", "url": url, "version": server_version(url)})
+        return
+    started = time.perf_counter()
+    found = require_vllm(s.python, key="data.vllm.python", engine_key="data.engine")
+    spec = server_spec(cfg, found.get("device") or "cpu")
+    log(f"draftsmith: datagen: starting vLLM {found.get('version')} ({found.get('device')}); log {log_path}")
+    with VllmServer(spec, log_path=log_path, startup_timeout_s=s.startup_timeout_s) as server:
+        info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
+                "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
+        yield Engine(server.url, served_model(server.url), info)
