@@ -5,6 +5,8 @@
                                                  # K per concurrency band when promoted on a serving A/B
     draftsmith-registry alias NAME ALIAS REF     # e.g. promote staging to production by hand
     draftsmith-registry link-pending [--project draftsmith]   # online: link versions promoted offline
+    draftsmith-registry export-alerts NAME [--ref production] [--out FILE]   # Prometheus alerting rules for
+                                                 # the served draft, thresholds from its measurements
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import sys
 
+from decode.errors import UserError
 from draftsmith.registry import LocalRegistry, RegistryError, format_bands, format_versions
 
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p_alias.add_argument("ref")
     p_link = sub.add_parser("link-pending", help="link versions promoted while W&B was offline (needs online mode)")
     p_link.add_argument("--project", default="draftsmith")
+    _add_export_alerts(sub)
     args = parser.parse_args(argv)
 
     registry = LocalRegistry(args.root)
@@ -64,10 +68,47 @@ def main(argv: list[str] | None = None) -> int:
                     raise RegistryError("W&B is offline: linking to W&B Registry needs WANDB_MODE=online")
                 done = complete_pending(run, registry.root)
             print(f"linked {len(done)} pending version(s)")
-    except RegistryError as exc:
+        elif args.command == "export-alerts":
+            _export_alerts(registry, args)
+    except UserError as exc:  # RegistryError, and the alert rules' errors
         print(f"draftsmith-registry: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _add_export_alerts(sub) -> None:
+    from eval.monitor import DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS
+
+    p = sub.add_parser("export-alerts", help="Prometheus alerting rules for the served draft (thresholds from the "
+                                             "promoted version's measurements)")
+    p.add_argument("name")
+    p.add_argument("--ref", default="production", help="version or alias (default production)")
+    p.add_argument("--out", metavar="FILE", help="write the rules here (atomically); default: print them")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"drift alert below the measured acceptance minus this (default {DEFAULT_MARGIN})")
+    p.add_argument("--min-acceptance", type=float, default=DEFAULT_MIN_ACCEPTANCE,
+                   help=f"floor alert below this acceptance rate (default {DEFAULT_MIN_ACCEPTANCE})")
+    p.add_argument("--window", default="10m", help="PromQL range of the acceptance rate (default 10m)")
+    p.add_argument("--for", dest="for_", default="15m", help="how long a rule holds before it fires (default 15m)")
+    p.add_argument("--selector", default="", help='label matchers for every counter, e.g. \'job="vllm"\'')
+    p.add_argument("--min-draft-tokens", type=int, default=DEFAULT_MIN_DRAFT_TOKENS,
+                   help=f"drafted tokens a window needs before it may alert (default {DEFAULT_MIN_DRAFT_TOKENS})")
+
+
+def _export_alerts(registry: LocalRegistry, args) -> None:
+    from draftsmith.monitor_cli import export_alerts
+
+    done = export_alerts(registry, args.name, args.ref, args.out, margin=args.margin,
+                         min_acceptance=args.min_acceptance, window=args.window, for_=args.for_,
+                         selector=args.selector, min_draft_tokens=args.min_draft_tokens)
+    checked = "promtool check rules passed" if done["promtool"] is not None else "promtool not on PATH, not run"
+    if done["path"] is None:
+        print(done["text"], end="", flush=True)
+        print(f"# checked: read back as Prometheus rules; {checked}", file=sys.stderr)
+    else:
+        ref = done["reference"]
+        print(f"wrote {done['path']}: alerts for {args.name} v{ref['version']} (measured acceptance "
+              f"{ref['acceptance_rate']:.3f}, {ref['source']}); read back as Prometheus rules; {checked}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,323 @@
+"""The monitor of a served draft: window arithmetic and alert rules on recorded /metrics texts (hand-computed),
+the promoted version's reference, the real ``draftsmith-monitor`` CLI against a scripted /metrics endpoint, and
+(slow) against a real vLLM server on the tiny pair."""
+
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from monitor_fakes import NOT_VLLM, PLAIN, RECORDED, ScriptedMetrics, make_registry, metrics_text
+
+from decode.errors import ConfigError
+from decode.vllm import SpecCounters
+from draftsmith import monitor_cli
+from draftsmith.monitor_cli import base_url, promoted_reference
+from eval.monitor import (Rules, Window, WindowStats, check_rules, metric_names, missing_metrics_message,
+                          recommendation, snapshot, status, window_stats)
+
+T0 = metrics_text({"0": (100, 300, 150, [70, 50, 30])})
+T10 = metrics_text({"0": (160, 480, 246, [110, 80, 56])})
+
+
+# -- window arithmetic --------------------------------------------------------------------------------
+def test_window_over_counters_and_sliding():
+    # RECORDED holds 200 drafts, 600 drafted, 300 accepted, per position [130, 100, 70]
+    snaps = [snapshot(T0, 0.0), snapshot(T10, 10.0), snapshot(RECORDED, 20.0)]
+    wide = Window(20.0)
+    for s in snaps:
+        stats = wide.add(s)
+    # increase t0 -> t20: 100 drafts, 300 drafted, 150 accepted; per position 60, 50, 40
+    assert stats.counters.drafts == 100 and stats.counters.draft_tokens == 300
+    assert stats.acceptance_rate == pytest.approx(0.5)
+    assert stats.per_position_acceptance == pytest.approx([0.6, 0.5, 0.4])
+    assert stats.accepted_per_draft == pytest.approx(1.5) and stats.mean_accepted_tokens == pytest.approx(2.5)
+    assert stats.drafts_per_s == pytest.approx(5.0) and stats.span_s == 20.0
+    assert stats.engines == 1 and stats.resets == 0
+
+    narrow = Window(10.0)  # keeps t10 (the base at the cutoff) and t20: 40 drafts, 120 drafted, 54 accepted
+    for s in snaps:
+        stats = narrow.add(s)
+    assert [s.t for s in narrow.snapshots] == [10.0, 20.0]
+    assert stats.acceptance_rate == pytest.approx(0.45)
+    assert stats.per_position_acceptance == pytest.approx([0.5, 0.5, 0.35])
+    assert stats.drafts_per_s == pytest.approx(4.0)
+
+
+def test_a_counter_reset_inside_the_window_counts_the_new_values():
+    before = metrics_text({"0": (1000, 3000, 2400, [900, 800, 700])})
+    restarted = metrics_text({"0": (30, 90, 45, [20, 15, 10])})
+    later = metrics_text({"0": (50, 150, 60, [28, 20, 12])})
+    stats = window_stats([snapshot(before, 0), snapshot(restarted, 10), snapshot(later, 20)])
+    # 30 (since the restart) + 20 drafts; 45 + 15 accepted; per position 20+8, 15+5, 10+2
+    assert (stats.counters.drafts, stats.counters.draft_tokens, stats.counters.accepted_tokens) == (50, 150, 60)
+    assert stats.acceptance_rate == pytest.approx(0.4)
+    assert stats.per_position_acceptance == pytest.approx([0.56, 0.40, 0.24])
+    assert stats.resets == 6  # three counters and three positions went down at the restart
+    last_minus_first = sum(v for k, v in snapshot(later, 20).series.items()) - sum(snapshot(before, 0).series.values())
+    assert last_minus_first < 0  # what a plain difference would have said
+
+
+def test_two_engines_are_summed_and_a_new_engine_counts_from_zero():
+    t0 = metrics_text({"0": (100, 300, 200, [80, 70, 50]), "1": (50, 150, 60, [30, 20, 10])})
+    t10 = metrics_text({"0": (150, 450, 300, [120, 105, 75]), "1": (100, 300, 90, [45, 30, 15])})
+    stats = window_stats([snapshot(t0, 0), snapshot(t10, 10)])
+    # engine 0: +50, +150, +100, [40, 35, 25]; engine 1: +50, +150, +30, [15, 10, 5]
+    assert (stats.counters.drafts, stats.counters.draft_tokens, stats.counters.accepted_tokens) == (100, 300, 130)
+    assert stats.acceptance_rate == pytest.approx(130 / 300)
+    assert stats.per_position_acceptance == pytest.approx([0.55, 0.45, 0.30])
+    assert stats.engines == 2
+    t20 = metrics_text({"0": (150, 450, 300, [120, 105, 75]), "1": (100, 300, 90, [45, 30, 15]),
+                        "2": (10, 30, 30, [10, 10, 10])})
+    grown = window_stats([snapshot(t10, 10), snapshot(t20, 20)])
+    assert grown.engines == 3 and grown.counters.drafts == 10 and grown.acceptance_rate == 1.0
+
+
+def test_missing_spec_metrics_are_explained():
+    assert snapshot(PLAIN, 0).series == {} and snapshot(NOT_VLLM, 0).series == {}
+    plain = missing_metrics_message("http://h:8000", metric_names(PLAIN))
+    assert "without --speculative-config" in plain and "http://h:8000/metrics" in plain
+    other = missing_metrics_message("http://h:9100", metric_names(NOT_VLLM))
+    assert "no vllm:* metrics" in other and "speculative-config" not in other
+
+
+def test_window_edges():
+    window = Window(30.0)
+    assert status(window.add(snapshot(T0, 0)), Rules()) == "warming up"
+    assert status(window.add(snapshot(T0, 5)), Rules()) == "idle"  # nothing drafted between the two polls
+    with pytest.raises(ValueError, match="older"):
+        window.add(snapshot(T0, 1))
+    with pytest.raises(ConfigError, match="--window"):
+        Window(0)
+
+
+# -- alert rules ----------------------------------------------------------------------------------------
+def stats_with(accepted: float, drafted: float = 400) -> WindowStats:
+    return WindowStats(span_s=60, snapshots=2, counters=SpecCounters(drafts=drafted / 4, draft_tokens=drafted,
+                                                                     accepted_tokens=accepted))
+
+
+@pytest.mark.parametrize("accepted, drafted, reference, expected", [
+    (264, 400, 0.7, []),                     # 0.66 >= 0.70 - 0.05
+    (260, 400, 0.7, []),                     # 0.65: at the threshold, not below it
+    (256, 400, 0.7, ["drift"]),              # 0.64 < 0.65
+    (180, 400, 0.7, ["drift", "floor"]),     # 0.45: below both
+    (180, 400, None, ["floor"]),             # no reference: the floor only
+    (18, 40, 0.7, []),                       # 40 drafted tokens < min_draft_tokens 100: too few to judge
+])
+def test_drift_and_floor_rules(accepted, drafted, reference, expected):
+    rules = Rules(reference=reference, margin=0.05, min_acceptance=0.5, min_draft_tokens=100)
+    alerts = check_rules(stats_with(accepted, drafted), rules)
+    assert [a.rule for a in alerts] == expected
+    expected_status = "alert" if expected else "low sample" if drafted < 100 else "ok"
+    assert status(stats_with(accepted, drafted), rules) == expected_status
+    for a in alerts:
+        assert a.value == pytest.approx(accepted / drafted) and a.value < a.threshold
+    if "drift" in expected:
+        assert alerts[0].threshold == pytest.approx(0.65) and "0.700 - margin 0.05" in alerts[0].message
+
+
+def test_rule_settings_are_checked_naming_the_flag():
+    with pytest.raises(ConfigError, match="--margin"):
+        Rules(margin=1.5)
+    with pytest.raises(ConfigError, match="--min-acceptance"):
+        Rules(min_acceptance=-0.1)
+
+
+def test_recommendation_disables_below_the_floor_and_names_the_retrain_command():
+    command = "draftsmith data.prompts=recent.jsonl pair.draft=/r/demo/v1/draft"
+    floor = recommendation({"floor"}, command)
+    assert floor[0].startswith("disable speculation") and "--speculative-config" in floor[0]
+    assert f"`{command}`" in floor[1] and "champion gate" in floor[1]
+    drift = recommendation({"drift"}, command)
+    assert len(drift) == 1 and "disable" not in drift[0] and command in drift[0]
+    assert recommendation(set(), command) == []
+
+
+# -- the promoted version's reference -------------------------------------------------------------------
+CELLS = [{"draft": "trained", "k": 2, "concurrency": 4, "acceptance_rate": 0.8},
+         {"draft": "trained", "k": 2, "concurrency": 1, "acceptance_rate": 0.9},
+         {"draft": "trained", "k": 4, "concurrency": 4, "acceptance_rate": 0.6},
+         {"draft": "production", "k": 2, "concurrency": 4, "acceptance_rate": 0.55}]
+
+
+def test_reference_prefers_vllms_figure_at_the_served_k_and_concurrency(tmp_path):
+    registry = make_registry(tmp_path / "registry", cells=CELLS)
+    ref = promoted_reference(registry, "demo")
+    assert ref["acceptance_rate"] == 0.8 and ref["source"] == "vLLM serving A/B at K=2, concurrency 4"
+    assert ref["version"] == 1 and ref["k"] == 2
+    command = shlex.split(ref["retrain_command"])
+    draft = str(registry.path("demo", 1) / "draft")
+    assert command == ["draftsmith", "data.prompts=recent.jsonl", f"pair.draft={draft}", "pair.target=/models/target",
+                       "pair.dtype=bfloat16", "pair.device=cuda", "promote.name=demo", f"registry.root={registry.root}"]
+
+
+def test_reference_falls_back_to_the_promotion_summary(tmp_path):
+    no_cell = make_registry(tmp_path / "a", cells=CELLS[1:])  # no cell at K=2, concurrency 4
+    ref = promoted_reference(no_cell, "demo")
+    assert ref["acceptance_rate"] == 0.75 and ref["source"] == "vLLM at K=2, concurrency 4"
+    batch1 = make_registry(tmp_path / "b", serving=False, summary_rate=0.7)
+    ref = promoted_reference(batch1, "demo")
+    assert ref["acceptance_rate"] == 0.7 and ref["source"] == "eval (batch 1) at K=2"
+
+
+def test_the_retrain_command_composes_as_a_draftsmith_config(tmp_path):
+    registry = make_registry(tmp_path / "registry", cells=CELLS)
+    args = shlex.split(promoted_reference(registry, "demo")["retrain_command"])[1:]
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", *args, "--cfg", "job"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "prompts: recent.jsonl" in proc.stdout and f"draft: {registry.path('demo', 1) / 'draft'}" in proc.stdout
+
+
+# -- the CLI against a scripted /metrics endpoint ------------------------------------------------------
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_base_url_accepts_the_metrics_url():
+    assert base_url("http://h:8000/metrics") == base_url("h:8000/") == "http://h:8000"
+
+
+def test_cli_writes_one_record_per_poll_through_a_restart(tmp_path, capsys):
+    texts = [T0, T10, None, metrics_text({"0": (20, 60, 45, [20, 15, 10])}), RECORDED]
+    out = tmp_path / "mon" / "series.jsonl"
+    with ScriptedMetrics(texts) as server:
+        code = monitor_cli.main([server.url + "/metrics", "--interval", "0.05", "--window", "60", "--count", "5",
+                                 "--jsonl", str(out), "--min-draft-tokens", "10"])
+    assert code == 0
+    records = read_jsonl(out)
+    assert [r["status"] for r in records] == ["warming up", "ok", "no answer", "ok", "ok"]
+    assert records[1]["acceptance_rate"] == pytest.approx(96 / 180) and records[1]["drafts"] == 60
+    # after the restart: 60 drafts before it, then 20 after it: 80 drafts, 180 + 60 drafted, 96 + 45 accepted
+    assert records[3]["drafts"] == 80 and records[3]["resets"] == 6
+    assert records[3]["acceptance_rate"] == pytest.approx(141 / 240)
+    # RECORDED (200 drafts) after 20: +180 more
+    assert records[4]["drafts"] == 260
+    assert records[4]["per_position_acceptance"][0] == pytest.approx((40 + 20 + 110) / 260)
+    assert all(r["alerts"] == [] for r in records) and "503" in records[2]["error"]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("draftsmith-monitor: watching http://127.0.0.1:") and "floor 0.5" in printed[0]
+    assert len([line for line in printed if "acceptance 0." in line]) == 3 and "counters reset" in printed[4]
+    assert "no answer" in printed[3] and "counters reset" not in printed[2]
+
+
+def test_cli_flags_drift_against_the_registry_and_fails_on_alert(tmp_path, capsys):
+    registry = make_registry(tmp_path / "registry", cells=CELLS)  # production v1 measured at 0.8 by vLLM
+    base = metrics_text({"0": (100, 200, 160, [85, 75])})
+    good = metrics_text({"0": (200, 400, 320, [170, 150])})  # +200 drafted, +160 accepted: 0.80
+    drifted = metrics_text({"0": (300, 600, 420, [230, 190])})  # since base: 400 drafted, 260 accepted: 0.65 < 0.75
+    out = tmp_path / "series.jsonl"
+    common = ["--registry", "demo", "--root", str(registry.root), "--interval", "0.05", "--window", "60",
+              "--min-draft-tokens", "10", "--jsonl", str(out), "--fail-on-alert"]
+    with ScriptedMetrics([base, good, drifted, good]) as server:
+        code = monitor_cli.main([server.url, "--count", "5", *common])
+    assert code == monitor_cli.ALERT_EXIT
+    records = read_jsonl(out)
+    assert len(records) == 3 and [r["alerts"] for r in records[:2]] == [[], []]
+    assert records[2]["acceptance_rate"] == pytest.approx(0.65)
+    (alert,) = records[2]["alerts"]
+    assert alert["rule"] == "drift" and alert["threshold"] == pytest.approx(0.75)
+    assert records[2]["recommendation"] and f"pair.draft={registry.path('demo', 1) / 'draft'}" in \
+        records[2]["recommendation"][0]
+    printed = capsys.readouterr().out
+    assert "production demo v1 was measured at acceptance 0.800 (vLLM serving A/B at K=2, concurrency 4)" in printed
+    assert "ALERT drift: window acceptance 0.650 < 0.750 = production v1's 0.800 - margin 0.05" in printed
+    assert "recommendation: retrain" in printed
+
+    out.unlink()
+    with ScriptedMetrics([good, drifted]) as server:  # +200 drafted, +100 accepted (0.5), against a floor of 0.75
+        code = monitor_cli.main([server.url, "--count", "3", "--interval", "0.05", "--min-acceptance", "0.75",
+                                 "--min-draft-tokens", "10", "--jsonl", str(out), "--fail-on-alert"])
+    assert code == monitor_cli.ALERT_EXIT and len(read_jsonl(out)) == 2
+    assert [a["rule"] for a in read_jsonl(out)[-1]["alerts"]] == ["floor"]
+    assert read_jsonl(out)[-1]["recommendation"][0].startswith("disable speculation")
+
+
+def test_cli_without_alerts_runs_to_its_duration(tmp_path):
+    out = tmp_path / "series.jsonl"
+    with ScriptedMetrics([T0, T10]) as server:
+        start = time.monotonic()
+        code = monitor_cli.main([server.url, "--interval", "0.1", "--duration", "0.35", "--jsonl", str(out),
+                                 "--fail-on-alert", "--min-acceptance", "0.1"])
+    assert code == 0 and time.monotonic() - start < 5
+    assert len(read_jsonl(out)) == 4  # polls at 0, 0.1, 0.2, 0.3 s
+
+
+@pytest.mark.parametrize("texts, message", [
+    ([PLAIN], "without --speculative-config"),
+    ([NOT_VLLM], "no vllm:* metrics"),
+    ([None], "answered 503"),
+])
+def test_cli_errors_are_one_line(texts, message, capsys):
+    with ScriptedMetrics(texts) as server:
+        assert monitor_cli.main([server.url, "--count", "2", "--interval", "0.05"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftsmith-monitor: error: ") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--interval", "0"], "--interval"), (["--window", "5", "--interval", "10"], "--window"),
+    (["--count", "0"], "--count"), (["--margin", "2"], "--margin"),
+    (["--registry", "nope", "--root", "{root}"], "no alias 'production'"),
+])
+def test_cli_bad_options_are_one_line(args, message, tmp_path, capsys):
+    args = [a.replace("{root}", str(tmp_path)) for a in args]
+    assert monitor_cli.main(["http://127.0.0.1:9", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftsmith-monitor: error: ") and message in err
+
+
+def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch, capsys):
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    with ScriptedMetrics([T0, T10]) as server:
+        monkeypatch.setattr(monitor_cli.time, "sleep", interrupt)
+        assert monitor_cli.main([server.url, "--interval", "1", "--jsonl", str(tmp_path / "s.jsonl")]) == 0
+    assert "stopped after 1 poll(s)" in capsys.readouterr().out
+    assert len(read_jsonl(tmp_path / "s.jsonl")) == 1
+
+
+# -- a real vLLM server on the tiny pair (slow) --------------------------------------------------------
+@pytest.mark.slow
+def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
+    from conftest import make_model, make_tokenizer, perturbed_copy, prompts
+    from decode.vllm import ServerSpec, VllmServer
+    from eval.load import run_load, served_model
+
+    tokenizer = make_tokenizer()
+    target = make_model("llama", seed=0, hidden=128)  # as tests/test_serving_vllm.py: vLLM's smallest CPU head_dim
+    draft = make_model("llama", seed=0, hidden=128, layers=1)
+    noisy = perturbed_copy(target, 0.3).state_dict()
+    draft.load_state_dict({k: v for k, v in noisy.items() if k in draft.state_dict()})
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    ids = [p[0].tolist() for p in prompts(6, seed=1)]
+    spec = ServerSpec(model=str(tmp_path / "target"), draft=str(tmp_path / "draft"), k=2, python=vllm_python(),
+                      kvcache_gib=1)
+    out = tmp_path / "monitor.jsonl"
+    with VllmServer(spec, log_path=tmp_path / "vllm.log", startup_timeout_s=300) as server:
+        codes = []
+        watcher = threading.Thread(target=lambda: codes.append(monitor_cli.main(
+            [server.url + "/metrics", "--interval", "1", "--window", "120", "--duration", "20", "--jsonl", str(out),
+             "--min-draft-tokens", "1"])))
+        watcher.start()
+        time.sleep(1.5)  # the monitor's first poll (its window's base) happens before the load
+        load = run_load(server.url, served_model(server.url), ids, num_requests=6, max_tokens=16, concurrency=2)
+        watcher.join(timeout=120)
+    assert codes == [0] and all(r.error is None for r in load.requests)
+    records = read_jsonl(out)
+    last = records[-1]
+    print(json.dumps({k: last[k] for k in ("acceptance_rate", "per_position_acceptance", "mean_accepted_tokens",
+                                            "drafts", "draft_tokens", "engines")}))
+    assert records[0]["status"] == "warming up" and last["drafts"] > 0 and last["engines"] >= 1
+    assert 0.0 <= last["acceptance_rate"] <= 1.0 and len(last["per_position_acceptance"]) == 2
+    assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
+
+
+from test_serving_vllm import vllm_info, vllm_python  # noqa: E402,F401  (the same skip rule and interpreter)
