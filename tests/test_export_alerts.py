@@ -3,7 +3,9 @@ read back (YAML + the structure Prometheus' rule loader requires), and checked b
 (a stand-in promtool here: the real one is not installed)."""
 
 import os
+import shlex
 import stat
+from pathlib import Path
 
 import pytest
 import yaml
@@ -148,3 +150,15 @@ def test_acceptance_expression_reads_like_vllms_documented_query():
     numerator, denominator = expr.split("\n  / ")
     assert numerator == "sum by (model_name) (increase(vllm:spec_decode_num_accepted_tokens_total[5m]))"
     assert denominator == "sum by (model_name) (increase(vllm:spec_decode_num_draft_tokens_total[5m]))"
+
+
+README_COMMAND = "draftsmith-registry export-alerts demo --out draftsmith-alerts.yml"
+
+
+def test_readme_export_alerts_command(registry, tmp_path, monkeypatch, no_promtool):
+    """The README's command as written, in a directory whose registry/ holds demo (tests/test_readme.py)."""
+    assert README_COMMAND in (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    monkeypatch.chdir(registry.root.parent)
+    assert registry_cli.main(shlex.split(README_COMMAND)[1:]) == 0
+    doc = check_rules_file((registry.root.parent / "draftsmith-alerts.yml").read_text())
+    assert ") < 0.75\nand" in rules_by_name(doc)["DraftAcceptanceDrift"]["expr"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from monitor_fakes import NOT_VLLM, PLAIN, RECORDED, ScriptedMetrics, make_registry, metrics_text
@@ -280,6 +281,28 @@ def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch, capsys):
         assert monitor_cli.main([server.url, "--interval", "1", "--jsonl", str(tmp_path / "s.jsonl")]) == 0
     assert "stopped after 1 poll(s)" in capsys.readouterr().out
     assert len(read_jsonl(tmp_path / "s.jsonl")) == 1
+
+
+README_COMMANDS = ["draftsmith-monitor http://localhost:8000 --registry demo --jsonl monitor.jsonl",
+                   "draftsmith-monitor http://localhost:8000 --registry demo --duration 600 --fail-on-alert"]
+
+
+def test_readme_monitor_commands(tmp_path, monkeypatch):
+    """The README's commands as written, against a scripted server and a registry in tmp_path (tests/test_readme.py)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert all(command in readme for command in README_COMMANDS)
+    registry = make_registry(tmp_path / "registry", cells=CELLS)  # production measured at 0.8
+    monkeypatch.chdir(tmp_path)  # the registry root is the default "registry"; monitor.jsonl lands here
+    good = metrics_text({"0": (200, 400, 320, [170, 150])})
+    with ScriptedMetrics([T0, good]) as server:
+        args = shlex.split(README_COMMANDS[0].replace("http://localhost:8000", server.url))[1:]
+        assert monitor_cli.main(args + ["--count", "2", "--interval", "0.05", "--min-draft-tokens", "10"]) == 0
+    assert [r["status"] for r in read_jsonl(tmp_path / "monitor.jsonl")] == ["warming up", "ok"]
+    drifted = metrics_text({"0": (300, 600, 420, [230, 190])})
+    with ScriptedMetrics([good, drifted]) as server:  # 0.5 since the first poll: below 0.8 - 0.05
+        args = shlex.split(README_COMMANDS[1].replace("http://localhost:8000", server.url))[1:]
+        assert monitor_cli.main(args + ["--interval", "0.05", "--min-draft-tokens", "10"]) == monitor_cli.ALERT_EXIT
+    assert registry.root.resolve() == (tmp_path / "registry").resolve()
 
 
 # -- a real vLLM server on the tiny pair (slow) --------------------------------------------------------

@@ -55,6 +55,13 @@ COVERED = {
         "tests/test_pipeline_serving.py (fake vLLM interpreter) and tests/test_serving_vllm.py (real vLLM, slow)",
     'vllm serve <target> --speculative-config "$(cat registry/demo/v1/speculative_config.json)"':
         "tests/test_registry.py (the speculative_config.json format; vLLM itself is not installed here)",
+    "draftsmith-monitor http://localhost:8000 --registry demo --jsonl monitor.jsonl":
+        "tests/test_monitor.py::test_readme_monitor_commands (scripted /metrics; a real vLLM server: "
+        "test_monitor_sees_a_real_vllm_server, slow)",
+    "draftsmith-monitor http://localhost:8000 --registry demo --duration 600 --fail-on-alert":
+        "tests/test_monitor.py::test_readme_monitor_commands",
+    "draftsmith-registry export-alerts demo --out draftsmith-alerts.yml":
+        "tests/test_export_alerts.py::test_readme_export_alerts_command",
     "python scripts/bench_decode.py --target path/to/target --draft path/to/draft --prompts-file prompts.jsonl":
         "test_readme_bench_commands",
 }
