@@ -13,6 +13,13 @@ reference (:func:`promoted_reference`): an alert when the window falls below it 
 stops at the first alert with exit status 3. Exit 2 on a user error (one line), 0 otherwise,
 Ctrl-C included. A server that stops answering (a restart) is reported and polled again; counters
 that restart from zero are handled.
+
+One JSONL record per poll: ``time`` (Unix s), ``url``, ``window_s``, ``status`` ("warming up", "idle",
+"low sample", "ok", "alert", "no answer", "no spec metrics"), the window's figures (``acceptance_rate``,
+``per_position_acceptance``, ``mean_accepted_tokens``, ``accepted_per_draft``, ``drafts_per_s``, ``drafts``,
+``draft_tokens``, ``accepted_tokens``, ``span_s``, ``snapshots``, ``engines``, ``resets``; absent when the poll
+read nothing, ``error`` says why), ``alerts`` ([{"rule", "value", "threshold", "message"}]),
+``recommendation`` (lines, with alerts), ``reference``, ``drift_below`` and ``floor`` (the thresholds).
 """
 
 from __future__ import annotations
@@ -154,7 +161,9 @@ class Monitor:
         (a wrong URL should fail fast); later ones report it in the record ("no answer", "no spec metrics")."""
         t = time.monotonic() if t is None else t
         first, self.polls, self.alerts = self.polls == 0, self.polls + 1, []
-        record = {"time": round(time.time(), 3), "url": self.url, "window_s": self.window.seconds, "alerts": []}
+        record = {"time": round(time.time(), 3), "url": self.url, "window_s": self.window.seconds, "alerts": [],
+                  "reference": self.rules.reference, "drift_below": self.rules.drift_threshold,
+                  "floor": self.rules.min_acceptance}
         try:
             text = scrape_metrics(self.url, timeout_s=self.timeout_s)
         except VllmError as exc:

@@ -220,6 +220,7 @@ def test_cli_flags_drift_against_the_registry_and_fails_on_alert(tmp_path, capsy
     records = read_jsonl(out)
     assert len(records) == 3 and [r["alerts"] for r in records[:2]] == [[], []]
     assert records[2]["acceptance_rate"] == pytest.approx(0.65)
+    assert all(r["reference"] == 0.8 and r["drift_below"] == pytest.approx(0.75) and r["floor"] == 0.5 for r in records)
     (alert,) = records[2]["alerts"]
     assert alert["rule"] == "drift" and alert["threshold"] == pytest.approx(0.75)
     assert records[2]["recommendation"] and f"pair.draft={registry.path('demo', 1) / 'draft'}" in \
