@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the whole A/B this many times; cells report medians (each run's values kept)")
     ap.add_argument("--python", help="the interpreter that imports vllm")
     ap.add_argument("--out", help="where serving.json, plots and server logs go (default: a temporary dir)")
     return ap.parse_args(argv)
@@ -79,6 +81,28 @@ def own_loop(pair, prompts: list[torch.Tensor], k_grid: list[int], max_tokens: i
     return result, reference
 
 
+def median_serving(runs: list[dict]) -> dict:
+    """One serving result from repeated A/Bs: per cell, medians of throughput, TTFT/TPOT and speedup (each run's
+    speedup kept), outputs equal only if equal in every run; boundary and best K recomputed from the medians."""
+    from eval.serving_stats import summarize
+
+    if len(runs) == 1:
+        return runs[0]
+    cells = []
+    for i, cell in enumerate(runs[0]["cells"]):
+        same = [run["cells"][i] for run in runs]
+        merged = {**cell, "speedup": statistics.median(c["speedup"] for c in same),
+                  "speedup_per_run": [c["speedup"] for c in same],
+                  "outputs_equal": all(c["outputs_equal"] for c in same),
+                  "spec_equals_reference": all(c.get("spec_equals_reference") for c in same)}
+        for side in ("spec", "plain"):
+            merged[side] = {key: statistics.median(c[side][key] for c in same)
+                            if all(isinstance(c[side].get(key), (int, float)) for c in same) else cell[side][key]
+                            for key in cell[side]}
+        cells.append(merged)
+    return {**runs[0], "cells": cells, "boundary": summarize(cells), "repeats": len(runs)}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.target is None:
@@ -98,15 +122,20 @@ def main(argv=None) -> dict:
     settings = ServingSettings(engine="vllm", concurrency=list(args.concurrency), max_tokens=args.max_tokens,
                                max_prompts=args.prompts, python=args.python)
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-serving-"))
-    serving = run_serving_ab(settings, target=target, drafts={"draft": draft}, k=list(args.k),
-                             prompts=[p[0].tolist() for p in prompts], out_dir=out, reference=reference,
-                             log=lambda m: print(m, file=sys.stderr))
+    runs = []
+    for repeat in range(args.repeats):
+        runs.append(run_serving_ab(settings, target=target, drafts={"draft": draft}, k=list(args.k),
+                                   prompts=[p[0].tolist() for p in prompts],
+                                   out_dir=out / f"run{repeat}" if args.repeats > 1 else out, reference=reference,
+                                   log=lambda m: print(m, file=sys.stderr)))
+    serving = median_serving(runs)
     table = [{"k": c["k"], "concurrency": c["concurrency"], "speedup": c["speedup"],
               "spec_tokens_per_s": c["spec"]["output_tokens_per_s"], "plain_tokens_per_s": c["plain"]["output_tokens_per_s"],
               "spec_ttft_ms_p50": c["spec"]["ttft_ms_p50"], "plain_ttft_ms_p50": c["plain"]["ttft_ms_p50"],
               "spec_tpot_ms_p50": c["spec"]["tpot_ms_p50"], "plain_tpot_ms_p50": c["plain"]["tpot_ms_p50"],
               "vllm_acceptance_rate": c["acceptance_rate"], "outputs_equal": c["outputs_equal"],
-              "equal_to_draftsmith": c.get("spec_equals_reference")} for c in serving["cells"]]
+              "equal_to_draftsmith": c.get("spec_equals_reference"), "speedup_per_run": c.get("speedup_per_run")}
+             for c in serving["cells"]]
     at_1 = {c["k"]: c for c in serving["cells"] if c["concurrency"] == min(args.concurrency)}
     report = {
         "target": target, "draft": draft, "settings": vars(args), "machine": platform.machine(),
