@@ -310,7 +310,7 @@ def test_readme_monitor_commands(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     from conftest import make_model, make_tokenizer, perturbed_copy, prompts
-    from decode.vllm import ServerSpec, VllmServer
+    from decode.vllm import ServerSpec, VllmServer, counters_delta, scrape_metrics
     from eval.load import run_load, served_model
 
     tokenizer = make_tokenizer()
@@ -332,8 +332,10 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
              "--min-draft-tokens", "1"])))
         watcher.start()
         time.sleep(1.5)  # the monitor's first poll (its window's base) happens before the load
+        before = scrape_metrics(server.url)
         load = run_load(server.url, served_model(server.url), ids, num_requests=6, max_tokens=16, concurrency=2)
         watcher.join(timeout=120)
+        direct = counters_delta(before, scrape_metrics(server.url))  # as the serving A/B reads a load level
     assert codes == [0] and all(r.error is None for r in load.requests)
     records = read_jsonl(out)
     last = records[-1]
@@ -342,6 +344,7 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     assert records[0]["status"] == "warming up" and last["drafts"] > 0 and last["engines"] >= 1
     assert 0.0 <= last["acceptance_rate"] <= 1.0 and len(last["per_position_acceptance"]) == 2
     assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
+    assert (last["drafts"], last["accepted_tokens"]) == (direct.drafts, direct.accepted_tokens)  # the window = the load
 
 
 from test_serving_vllm import vllm_info, vllm_python  # noqa: E402,F401  (the same skip rule and interpreter)
