@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from monitor_fakes import NOT_VLLM, PLAIN, RECORDED, ScriptedMetrics, make_registry, metrics_text
+from test_serving_vllm import vllm_info, vllm_python  # noqa: F401  (the same skip rule and interpreter)
 
 from decode.errors import ConfigError
 from decode.vllm import SpecCounters
@@ -346,5 +347,3 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
     assert (last["drafts"], last["accepted_tokens"]) == (direct.drafts, direct.accepted_tokens)  # the window = the load
 
-
-from test_serving_vllm import vllm_info, vllm_python  # noqa: E402,F401  (the same skip rule and interpreter)
