@@ -346,4 +346,3 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     assert 0.0 <= last["acceptance_rate"] <= 1.0 and len(last["per_position_acceptance"]) == 2
     assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
     assert (last["drafts"], last["accepted_tokens"]) == (direct.drafts, direct.accepted_tokens)  # the window = the load
-
