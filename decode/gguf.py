@@ -3,16 +3,18 @@
 A ``.gguf`` file (llama.cpp's format, usually quantised) is read by ``from_pretrained(DIR,
 gguf_file=NAME)``: transformers dequantises its tensors to the requested dtype and builds the
 tokenizer from the file's vocabulary. That needs the ``gguf`` package and an architecture
-transformers maps (llama, mistral, qwen2, ...). :func:`materialize` writes the result once as a
-normal Hugging Face directory (``save_pretrained``: config, safetensors, tokenizer), so that
-everything downstream — the lean forward, training, vLLM, the registry — sees an ordinary model.
+transformers maps (llama, mistral, qwen2, ...). ``draftsmith.pairs.materialize`` writes the result once
+as a normal Hugging Face directory (``save_pretrained``: config, safetensors, tokenizer), so that
+everything downstream — the lean forward, training, vLLM, the registry — sees an ordinary model
+(it lives in draftsmith, not here: the decode engine writes no artifacts).
 
 Light to import: transformers is imported inside the functions.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -49,14 +51,24 @@ def _wrap(exc: Exception, path: Path, role: str) -> GgufError:
 
 
 def load_gguf_tokenizer(path: str | Path, role: str = "model"):
-    """The tokenizer stored in a GGUF file (built by transformers from its vocabulary and merges)."""
+    """The tokenizer stored in a GGUF file (built by transformers from its vocabulary and merges).
+
+    Read through a link in an empty directory: ``AutoTokenizer`` also reads the tokenizer files of the
+    directory it is given, and a GGUF file kept in a model directory would get that model's tokenizer.
+    """
+    import tempfile
+
     from transformers import AutoTokenizer
 
     path = require_gguf(path, role)
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as alone:
+            (Path(alone) / path.name).symlink_to(path.resolve())
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
         raise _wrap(exc, path, role) from exc
+    tokenizer.name_or_path = str(path)  # not the link's directory, gone by now
+    return tokenizer
 
 
 def load_gguf_model(path: str | Path, role: str = "model", dtype=None):
@@ -66,42 +78,57 @@ def load_gguf_model(path: str | Path, role: str = "model", dtype=None):
 
     path = require_gguf(path, role)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                    dtype=dtype or torch.float32)
+        with _quiet_reader_bar():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         dtype=dtype or torch.float32, **_dequantize_kwargs())
     except (OSError, ValueError, KeyError) as exc:
         raise _wrap(exc, path, role) from exc
+    return _plain(model)
 
 
-def file_digest(path: str | Path, chunk: int = 1 << 23) -> str:
-    """sha256 of a file's bytes (hex)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+@contextlib.contextmanager
+def _quiet_reader_bar():
+    """Within the block, transformers' GGUF tensor reader draws no bar when transformers' bars are off.
 
-
-def materialize(path: str | Path, root: str | Path, dtype: str = "float32", role: str = "model", log=print) -> Path:
-    """The model directory made from a GGUF file (dequantised to `dtype`), written once under `root`.
-
-    The directory is keyed by the file's content hash and the dtype, written atomically and reused
-    by later runs (and by concurrent sweep runs: the first writer wins, the others find it).
+    The reader (``modeling_gguf_pytorch_utils``) calls tqdm itself, which ``disable_progress_bar()``
+    (:func:`decode.progress.quiet_library_bars`, for non-interactive logs) does not reach.
     """
-    import torch
+    from transformers.utils import logging as hf_logging
 
-    from artifacts import atomic_dir, write_json
+    legacy = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    bar = getattr(legacy, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    legacy.tqdm = lambda *args, **kwargs: bar(*args, **{**kwargs, "disable": True})
+    try:
+        yield
+    finally:
+        legacy.tqdm = bar
 
-    path = require_gguf(path, role)
-    digest = file_digest(path)
-    entry = Path(root) / f"gguf-{path.stem[:40]}-{digest[:12]}-{dtype}"
-    if (entry / "gguf_source.json").exists():
-        return entry
-    log(f"draftsmith: dequantising the {role} {path.name} to {dtype} (once; cached in {entry})")
-    model = load_gguf_model(path, role, getattr(torch, dtype))
-    tokenizer = load_gguf_tokenizer(path, role)
-    with atomic_dir(entry) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json(tmp / "gguf_source.json", {"file": str(path.resolve()), "sha256": digest, "dtype": dtype,
-                                              "parameters": model.num_parameters()})
-    return entry
+
+def _dequantize_kwargs() -> dict:
+    """Ask for every weight unpacked into a plain tensor (transformers with ``GgufConfig``; older ones always do)."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _plain(model):
+    """`model` without the GGUF quantizer's mark, once its weights are plain tensors.
+
+    Recent transformers load a GGUF file through ``GgufHfQuantizer``, which says it is neither
+    serializable nor trainable even when it dequantised everything: ``save_pretrained`` (and so
+    :func:`draftsmith.pairs.materialize`) would refuse the model. Packed GGUF modules would not
+    survive a save, so they are an error here, not dropped.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or getattr(quantizer.quantization_config, "quant_method", None) != "gguf":  # a str enum
+        return model
+    if getattr(quantizer, "packed_modules", None):
+        raise GgufError(f"{len(quantizer.packed_modules)} weights of the GGUF model stayed packed; draftsmith "
+                        "needs them dequantised (does this transformers honour GgufConfig(dequantize=True)?)")
+    quantizer.remove_quantization_config(model)
+    return model
