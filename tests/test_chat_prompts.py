@@ -1,0 +1,32 @@
+"""data.prompts=stdlib-chat: chat records written from the standard library's docstrings."""
+
+import json
+
+from draftsmith.chat_prompts import FUNCTION_TEMPLATES, MODULE_TEMPLATES, stdlib_chat_records, write_stdlib_chat_prompts
+
+
+def test_records_are_chat_messages_about_public_stdlib_items(tmp_path):
+    records = stdlib_chat_records(200, seed=3)
+    assert len(records) == 200
+    assert len({r["messages"][0]["content"] for r in records}) == 200  # no duplicates
+    heads = {t.split("`")[0] for t in MODULE_TEMPLATES + FUNCTION_TEMPLATES}
+    for r in records:
+        (msg,) = r["messages"]
+        assert msg["role"] == "user" and any(msg["content"].startswith(h) for h in heads)
+        name = msg["content"].split("`")[1].split("(")[0]
+        assert not any(part.startswith("_") for part in name.split(".")), name  # private modules are left out
+    assert stdlib_chat_records(50, seed=3) == records[:50]  # deterministic for a seed
+    assert stdlib_chat_records(50, seed=4) != records[:50]
+
+
+def test_written_file_is_read_with_the_chat_template(tmp_path, tokenizer):
+    from train.prompts import PromptSource, read_prompts
+
+    path = write_stdlib_chat_prompts(tmp_path / "p.jsonl", 5)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == stdlib_chat_records(5)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    try:
+        texts = read_prompts(PromptSource(str(path)), tokenizer)
+    finally:
+        tokenizer.chat_template = None
+    assert len(texts) == 5 and all(t.startswith("<user>") and t.endswith("<assistant>") for t in texts)
