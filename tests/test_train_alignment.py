@@ -88,3 +88,38 @@ def test_student_logits_are_read_one_position_before_the_label():
     logits = perfect_student(batch.input_ids, PREDICTING)
     unshifted = torch.cat([logits[:, -1:], logits[:, :-1]], dim=1)  # logits moved one position later
     assert batch_loss(cfg("ce"), unshifted, batch, None, V)[0].item() > 1.0
+
+
+@pytest.mark.parametrize("loss", ["fkl", "ce"])
+def test_logits_at_the_loss_positions_give_the_same_loss_as_whole_rows(loss):
+    torch.manual_seed(0)
+    batch = collate(with_topk(ROWS), pad_id=0, with_topk=True)
+    logits = torch.randn(2, batch.input_ids.shape[1], V)
+    full, full_metrics = batch_loss(cfg(loss), logits, batch, None, V)
+    selected, selected_metrics = batch_loss(cfg(loss), logits[:, :-1][PREDICTING], batch, None, V)
+    assert torch.allclose(full, selected) and full_metrics == pytest.approx(selected_metrics)
+    with pytest.raises(ValueError, match="loss positions"):
+        batch_loss(cfg(loss), logits[:, :-1][PREDICTING][:-1], batch, None, V)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_head_runs_only_at_the_loss_positions_with_the_same_logits(lora, tokenizer):
+    """loss_logits: the forward's head hook gives exactly the whole-row logits at the masked positions, for a plain
+    model and through a PEFT wrapper, and the head sees N positions, not B x T."""
+    from conftest import make_model
+    from train.trainer import apply_lora, loss_logits
+
+    model = make_model("llama", layers=2, hidden=32)
+    if lora:
+        model = apply_lora(model, TrainConfig(data_dir="d", draft="x", out_dir="o", method="lora", lora_r=4))
+    rows = [{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9]}, {"prompt_ids": [10, 11], "completion_ids": [12, 13, 14]}]
+    batch = collate(rows, pad_id=0)
+    seen = []
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape)))
+    with torch.no_grad():
+        whole = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        at = loss_logits(model, batch)
+    handle.remove()
+    assert seen[1] == (1, 5, whole.shape[-1])  # 2 + 3 completion positions, not 2 x 5
+    assert torch.allclose(at, whole[:, :-1][batch.loss_mask], atol=1e-6)

@@ -17,6 +17,7 @@ prompts and the online target scores them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -77,37 +78,89 @@ def batch_loss(cfg: TrainConfig, student_logits: torch.Tensor, batch: Batch,
                teacher_logits: torch.Tensor | None, width: int) -> tuple[torch.Tensor, dict]:
     """Loss on completion positions and the agreement metrics of one batch.
 
+    `student_logits` / `teacher_logits` are either [B, T, V] over the whole rows, or [N, V] at the
+    N loss positions only (``batch.loss_mask``, in row-major order: what a forward under
+    :func:`head_at_loss_positions` returns); only those positions are ever turned into distributions.
+
     Returns (loss, metrics) with metrics: top1_agreement (student argmax == teacher argmax, or ==
     the target's token for ce) and expected_acceptance = mean sum min(p, q) where a teacher
     distribution is available (for the cached teacher: over its reconstruction from the top-k, the
     uniform-tail one or the buckets, whose value is an upper bound).
     """
-    s_logp = shared_log_softmax(student_logits[:, :-1], width)  # [B, T-1, V]
-    labels = batch.input_ids[:, 1:]
     mask = batch.loss_mask
+    s_logp = shared_log_softmax(at_loss_positions(student_logits, mask), width)  # [N, V]
+    labels = batch.input_ids[:, 1:][mask]
+    topk_ids = batch.topk_ids[mask] if batch.topk_ids is not None else None
+    topk_logprobs = batch.topk_logprobs[mask] if batch.topk_logprobs is not None else None
     metrics = {}
     dists = None  # (teacher, student) log-probs for the expected-acceptance metric
     if teacher_logits is not None:
-        t_logp = shared_log_softmax(teacher_logits[:, :-1], width)
+        t_logp = shared_log_softmax(at_loss_positions(teacher_logits, mask), width)
         per_pos = ce_per_position(s_logp, labels) if cfg.loss == "ce" else divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
         t_top1, dists = t_logp.argmax(-1), (t_logp, s_logp)
-    elif batch.topk_ids is not None and cfg.loss != "ce" and cfg.cached_tail == "uniform":
-        t_logp = topk_uniform_tail(batch.topk_ids, batch.topk_logprobs, width)
+    elif topk_ids is not None and cfg.loss != "ce" and cfg.cached_tail == "uniform":
+        t_logp = topk_uniform_tail(topk_ids, topk_logprobs, width)
         per_pos = divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
-        t_top1, dists = batch.topk_ids[..., 0], (t_logp, s_logp)
-    elif batch.topk_ids is not None and cfg.loss != "ce":
-        t_b, s_b = topk_buckets(s_logp, batch.topk_ids, batch.topk_logprobs)
+        t_top1, dists = topk_ids[..., 0], (t_logp, s_logp)
+    elif topk_ids is not None and cfg.loss != "ce":
+        t_b, s_b = topk_buckets(s_logp, topk_ids, topk_logprobs)
         per_pos = divergence_per_position(cfg.loss, t_b, s_b, cfg.beta)
-        t_top1, dists = batch.topk_ids[..., 0], (t_b, s_b)
+        t_top1, dists = topk_ids[..., 0], (t_b, s_b)
     else:
         per_pos = ce_per_position(s_logp, labels)
         t_top1 = labels
+    every = torch.ones_like(per_pos, dtype=torch.bool)
     with torch.no_grad():  # metrics only: no autograd graph for them in the training step
-        metrics["top1_agreement"] = masked_mean((s_logp.argmax(-1) == t_top1).float(), mask).item()
+        metrics["top1_agreement"] = masked_mean((s_logp.argmax(-1) == t_top1).float(), every).item()
         if dists is not None:
             accept = torch.minimum(dists[0].exp(), dists[1].exp()).sum(-1)
-            metrics["expected_acceptance"] = masked_mean(accept, mask).item()
-    return masked_mean(per_pos, mask), metrics
+            metrics["expected_acceptance"] = masked_mean(accept, every).item()
+    return masked_mean(per_pos, every), metrics
+
+
+def at_loss_positions(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits at the loss positions: selected from [B, T, V] (position i predicts token i+1), or as given."""
+    if logits.dim() == 2:
+        if logits.shape[0] != int(mask.sum()):
+            raise ValueError(f"{logits.shape[0]} rows of logits for {int(mask.sum())} loss positions")
+        return logits
+    return logits[:, :-1][mask]
+
+
+@contextlib.contextmanager
+def head_at_loss_positions(model: torch.nn.Module, mask: torch.Tensor):
+    """Within the block, `model`'s output head runs only at the loss positions: logits come out [1, N, V].
+
+    The head of a large-vocabulary model is most of a small draft's cost (SmolLM2: a 49152 x 576
+    matrix against 2 decoder layers), and the prompt positions, usually most of a row, need no
+    logits. A forward pre-hook on ``get_output_embeddings()`` selects the hidden states at
+    ``mask`` (position i of [B, T-1] predicts token i+1) before the head, for any model family and
+    through PEFT and accelerate wrappers.
+    """
+    head = _unwrap(model).get_output_embeddings()
+
+    def select(module, args):
+        hidden = args[0]
+        return (hidden[:, :-1][mask.to(hidden.device)].unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):  # DDP and friends
+        model = model.module
+    return model
+
+
+def loss_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's [N, V] logits at the batch's loss positions (the head runs only there)."""
+    with head_at_loss_positions(model, batch.loss_mask):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return logits.squeeze(0)
 
 
 # ---------------------------------------------------------------- set-up checks
@@ -203,10 +256,10 @@ def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, de
     with_topk = "topk_ids" in rows[0]
     for start in range(0, len(rows), cfg.batch_size):
         batch = collate(rows[start : start + cfg.batch_size], pad_id, cfg.max_len, with_topk).to(device)
-        s_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        s_logits = loss_logits(model, batch)
         t_logits = None
         if teacher is not None and cfg.teacher == "online":  # a cached teacher reads the batch's top-k
-            t_logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            t_logits = loss_logits(teacher, batch)
         loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width)
         for key, value in {"loss": loss.item(), **metrics}.items():
             totals[key] = totals.get(key, 0.0) + value
@@ -311,11 +364,11 @@ def run(cfg: TrainConfig) -> dict:
                 batch = on_policy_batch(accelerator.unwrap_model(model), batch, cfg, pad_id, cfg.seed + global_micro)
                 step_metrics["on_policy_batches"] += 1
             with accelerator.accumulate(model):
-                s_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                s_logits = loss_logits(model, batch)
                 t_logits = None
                 if teacher is not None and (on_policy or cfg.teacher == "online"):
                     with torch.no_grad():
-                        t_logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                        t_logits = loss_logits(teacher, batch)
                 loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width)
                 finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1)).all()  # every rank decides alike
                 if not finite:
