@@ -1,19 +1,29 @@
-"""Benchmark datagen: batched target generation vs one prompt at a time, same prompts, greedy.
+"""Benchmark datagen: batched target generation vs one prompt at a time, or the HF engine vs vLLM; same prompts, greedy.
 
 Prints JSON: tokens/s of each mode (median over repeats, modes interleaved), the ratio, and how
 many prompts gave identical completions in both modes.
 
     python scripts/bench_datagen.py                       # the demo target, 64 prompts, batch 32
     python scripts/bench_datagen.py --target DIR --batch-size 16
+
+With ``--engine hf vllm`` it compares the datagen engines instead (data.engine): HF generate in
+batches of --batch-size against vLLM's server with --batch-size requests in flight (started once,
+warmed up, outside the timing), both with the top-k log-probs datagen keeps (--top-k-logprobs);
+the JSON adds the vLLM / HF ratio, the identical completions and the largest top-k log-prob
+difference over the positions where both engines chose the same tokens.
+
+    python scripts/bench_datagen.py --engine hf vllm     # vLLM from $DRAFTSMITH_VLLM_PYTHON or ./.venv-vllm
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +35,7 @@ import torch  # noqa: E402
 
 from decode.pair import load_model, load_tokenizer  # noqa: E402
 from draftsmith.demo import build_demo_target, demo_prompts  # noqa: E402
-from train.datagen import DatagenConfig, generate_all  # noqa: E402
+from train.datagen import DatagenConfig, generate_all, target_eos_ids  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -36,12 +46,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--engine", nargs="+", choices=["hf", "vllm"],
+                    help="compare datagen engines (e.g. --engine hf vllm) instead of batched vs one at a time")
+    ap.add_argument("--top-k-logprobs", type=int, default=32, help="with --engine: datagen's data.top_k_logprobs")
+    ap.add_argument("--vllm-python", help="with --engine vllm: the interpreter that imports vllm (data.vllm.python)")
     args = ap.parse_args(argv)
 
     target = args.target or str(build_demo_target(log=lambda m: print(m, file=sys.stderr)))
     tokenizer = load_tokenizer(target, "target")
     model = load_model(target, "target", "float32", "cpu")
     prompts = [p[0].tolist() for p in demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=7)]
+    if args.engine:
+        return compare_engines(args, target, tokenizer, model, prompts)
 
     def config(batch_size: int) -> DatagenConfig:
         return DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
@@ -67,6 +83,61 @@ def main(argv=None) -> dict:
     }
     print(json.dumps(report, indent=2))
     return report
+
+
+def compare_engines(args, target, tokenizer, model, prompts) -> dict:
+    """The datagen engines on the same prompts, greedy: tokens/s (median over interleaved repeats), the vLLM / HF
+    ratio, identical completions and the top-k log-prob difference; prints and returns the JSON."""
+    from train import datagen_vllm
+
+    cfg = DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, top_k_logprobs=args.top_k_logprobs,
+                        vllm={"python": args.vllm_python, "kvcache_gib": 2})
+    eos = target_eos_ids(target, tokenizer)
+    rates = {name: [] for name in args.engine}
+    outputs, server = {}, None
+    with contextlib.ExitStack() as stack:
+        if "vllm" in args.engine:
+            started = time.perf_counter()
+            log = Path(tempfile.mkdtemp(prefix="bench-datagen-")) / "vllm_server.log"
+            server = stack.enter_context(datagen_vllm.engine(cfg, log, log=lambda m: print(m, file=sys.stderr)))
+            datagen_vllm.generate_all(server.url, server.model, prompts[:2], cfg, eos, "vllm warm-up")
+            start_s = time.perf_counter() - started
+        for rep in range(args.repeats):
+            for name in args.engine if rep % 2 == 0 else args.engine[::-1]:
+                start = time.perf_counter()
+                if name == "hf":
+                    rows = generate_all(model, tokenizer, prompts, cfg, f"hf (repeat {rep + 1})")
+                else:
+                    rows = datagen_vllm.generate_all(server.url, server.model, prompts, cfg, eos,
+                                                     f"vllm (repeat {rep + 1})")
+                seconds = time.perf_counter() - start
+                rates[name].append(sum(len(r["completion_ids"]) for r in rows) / seconds)
+                outputs[name] = rows
+    tps = {k: statistics.median(v) for k, v in rates.items()}
+    report = {"target": target, "params": model.num_parameters(), "settings": vars(args),
+              "threads": torch.get_num_threads(), "tokens_per_s": tps, "tokens_per_s_all_repeats": rates}
+    if server is not None:
+        report["vllm"] = {**server.info, "start_and_warmup_s": start_s}
+    if set(args.engine) == {"hf", "vllm"}:
+        hf, vl = outputs["hf"], outputs["vllm"]
+        same = [a["completion_ids"] == b["completion_ids"] for a, b in zip(hf, vl)]
+        report["vllm_vs_hf"] = tps["vllm"] / tps["hf"]
+        report["identical_completions"] = f"{sum(same)}/{len(prompts)}"
+        report["greedy_completions_equal"] = all(same)
+        if args.top_k_logprobs:
+            report["topk_logprobs_max_abs_diff"] = max(
+                (abs(x - y) for a, b, eq in zip(hf, vl, same) if eq
+                 for xs, ys in zip(a["topk_logprobs"], b["topk_logprobs"]) for x, y in zip(xs, ys)), default=None)
+            report["topk_ids_equal_positions"] = topk_ids_agreement(hf, vl, same)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def topk_ids_agreement(hf: list[dict], vl: list[dict], same: list[bool]) -> str:
+    """'equal/compared' completion positions whose top-k ids agree in order (ties within float noise may swap)."""
+    pairs = [(x, y) for a, b, eq in zip(hf, vl, same) if eq for x, y in zip(a["topk_ids"], b["topk_ids"])]
+    return f"{sum(x == y for x, y in pairs)}/{len(pairs)}"
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def token_id(key: str) -> int:
     """The id in a ``token_id:N`` key; :class:`VllmError` when the server keyed log-probs by text."""
     if not key.startswith(TOKEN_ID_PREFIX):
         raise VllmError(f"the vLLM server returned log-probs keyed by text ({key!r}), not token ids: it ignored "
-                        "return_tokens_as_token_ids; use vLLM >= 0.6 for data.engine=vllm")
+                        "return_tokens_as_token_ids; use a vLLM that supports it (0.32 does) for data.engine=vllm")
     return int(key[len(TOKEN_ID_PREFIX):])
 
 
