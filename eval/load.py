@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ def _client(concurrency: int, timeout_s: float):
         import httpx
     except ImportError as exc:
         raise LoadError("the serving A/B needs httpx: pip install -e '.[serving]'") from exc
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(
         max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2))
 
