@@ -69,7 +69,12 @@ def run(cfg: DictConfig) -> dict:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         _fail(f"{exc} (set DRAFTSMITH_DEBUG=1 for the traceback)")
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
+        print("draftsmith: interrupted: finished stages keep their outputs, the interrupted one left its previous "
+              "output in place (training resumes from its last checkpoint); run the same command to go on",
+              file=sys.stderr)
+        raise SystemExit(130)
+    except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - everything else is a bug: say so, with the traceback
         _bug(exc)

@@ -230,6 +230,20 @@ def test_experiment_preset_composes(monkeypatch):
     assert "target: Qwen/Qwen2.5-7B-Instruct" in proc.stdout and "method: lora" in proc.stdout
 
 
+def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsys):
+    from draftsmith.pipeline import Pipeline
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "run", interrupted)
+    with pytest.raises(SystemExit) as exc:
+        run_cli(monkeypatch, tiny_args(pair, tmp_path))
+    assert exc.value.code == 130
+    err = capsys.readouterr().err
+    assert "draftsmith: interrupted" in err and "Traceback" not in err
+
+
 def test_smollm2_preset_composes_to_a_valid_config():
     """experiment=smollm2-135m: the GGUF target from its package, a 2-layer draft cut from it, chat prompts.
     (Run end to end by hand: BENCHMARKS.md "A real model"; the slow tests/test_real_model.py decodes with it.)"""
