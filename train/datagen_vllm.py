@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,7 @@ async def _generate(url: str, model: str, prompts: list[list[int]], cfg, eos: se
     todo = iter(range(len(prompts)))  # shared: each worker takes the next prompt
     workers = max(1, min(cfg.batch_size, len(prompts)))
     started, n_tokens = time.perf_counter(), 0
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
     limits = httpx.Limits(max_connections=workers + 2, max_keepalive_connections=workers + 2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.vllm.request_timeout_s), limits=limits) as client:
 
