@@ -284,18 +284,23 @@ def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path
     return entry / "draft"
 
 
-def demo_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0,
-                 domain: tuple[str, ...] | None = None) -> list[torch.Tensor]:
+def demo_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0, domain: tuple[str, ...] | None = None,
+                 files: list[Path] | None = None) -> list[torch.Tensor]:
     """`n` prompts [1, prompt_tokens] cut from random places of the standard library (or of the
-    `domain` packages only), seeded."""
-    files = stdlib_files()
+    `domain` packages only), seeded; from `files` instead when given (e.g. standard-library text that
+    :func:`stdlib_files` leaves out)."""
+    files = stdlib_files() if files is None else list(files)
     if domain is not None:
         files = [f for f in files if in_domain(f, domain)]
     gen = torch.Generator().manual_seed(seed)
     prompts: list[torch.Tensor] = []
+    tokenized: dict[Path, list[int]] = {}  # a file drawn again is not tokenized again (one large file: many draws)
     while len(prompts) < n:
-        text = files[int(torch.randint(len(files), (1,), generator=gen))].read_text(encoding="utf-8", errors="replace")
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+        path = files[int(torch.randint(len(files), (1,), generator=gen))]
+        if path not in tokenized:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            tokenized[path] = tokenizer(text, add_special_tokens=False).input_ids
+        ids = tokenized[path]
         if len(ids) < prompt_tokens + 1:
             continue
         start = int(torch.randint(len(ids) - prompt_tokens, (1,), generator=gen))

@@ -67,6 +67,14 @@ COVERED = {
         "tests/test_monitor.py::test_readme_monitor_commands",
     "draftsmith-registry export-alerts demo --out draftsmith-alerts.yml":
         "tests/test_export_alerts.py::test_readme_export_alerts_command",
+    "draftsmith data.prompts=recent.jsonl pair.draft=registry/demo/v1/draft pair.target=demo promote.name=demo "
+    "registry.root=registry":
+        "tests/test_drift_demo.py::test_readme_retrain_command_is_the_monitors_and_runs (draftsmith-monitor prints "
+        "it for the demo's registry; run on the tiny pair)",
+    "python scripts/drift_demo.py --registry-root registry":
+        "tests/test_drift_demo.py (its parts without vLLM; "
+        "::test_readme_drift_demo_command_says_to_run_draftsmith_first runs it without a registry); the full run "
+        "needs vLLM and the demo's promoted draft: run by hand, numbers in README and BENCHMARKS.md",
     "python scripts/bench_decode.py --target path/to/target --draft path/to/draft --prompts-file prompts.jsonl":
         "test_readme_bench_commands",
 }
