@@ -21,8 +21,10 @@ from vLLM's spec-decode counters before and after it:
    data.prompts=recent.jsonl pair.draft=<production draft> ...``) plus ``out_dir=`` and the --retrain-arg
    overrides, run in the directory that holds recent.jsonl; the champion gate's decision is
    ``promote/promotion.json``;
-5. ``after/shifted_unseen`` and ``after/in_domain`` on the registry's production draft after the retrain:
-   did acceptance on shifted traffic recover, and did the draft forget the domain?
+5. ``after/shifted_unseen`` and ``after/in_domain`` on the registry's production draft after the retrain
+   (as served: its own K): did acceptance on shifted traffic recover, and did the draft forget the domain?
+   When the new version's K differs, the same phases again at the old K (``after_k<K>/...``): acceptance falls
+   with K, so the before/after answers (``deltas``) compare phases served at one K.
 
 vLLM runs from --python (default: $DRAFTSMITH_VLLM_PYTHON, else ./.venv-vllm/bin/python), as the serving A/B;
 the retrain gets the same interpreter (DRAFTSMITH_VLLM_PYTHON), so the demo's ``eval.serving.engine=auto``
@@ -189,9 +191,10 @@ def phase_summary(name: str, records: list[dict], counters, load, wall_s: float)
 
 
 def change(phases: dict[str, dict], after: str, before: str) -> dict | None:
-    """vLLM's figures of phase `after` minus those of `before`. The draft's K may differ between them (a new
-    version's K), and the acceptance rate falls with K; per-position acceptance (P(the first i drafted tokens are
-    all accepted)) compares at the positions both drafted, and τ counts what the target gains per step."""
+    """vLLM's figures of phase `after` minus those of `before` (None when either is missing). Compare phases
+    served at the same K: the acceptance rate and even the per-position acceptance fall with K for one draft
+    on the same prompts (the demo's v1: 0.836 at the first position with K=2, 0.748 with K=4), since K moves
+    where the rounds start."""
     if after not in phases or before not in phases:
         return None
     a, b = phases[after]["vllm_counters"], phases[before]["vllm_counters"]
@@ -204,11 +207,12 @@ def change(phases: dict[str, dict], after: str, before: str) -> dict | None:
             "mean_accepted_tokens": round(a["mean_accepted_tokens"] - b["mean_accepted_tokens"], 4)}
 
 
-def deltas(phases: dict[str, dict]) -> dict:
-    """The answers, from vLLM's counters: the drop on shifted traffic, the recovery, and what the domain kept."""
+def deltas(phases: dict[str, dict], after: str = "after") -> dict:
+    """The answers, from vLLM's counters: the drop on shifted traffic, the recovery, and what the domain kept;
+    `after` labels the phases of the retrained draft served at the K the "before" phases were served at."""
     return {"shifted_vs_in_domain": change(phases, "before/shifted", "before/in_domain"),
-            "recovery_on_shifted_unseen": change(phases, "after/shifted_unseen", "before/shifted_unseen"),
-            "change_on_in_domain": change(phases, "after/in_domain", "before/in_domain")}
+            "recovery_on_shifted_unseen": change(phases, f"{after}/shifted_unseen", "before/shifted_unseen"),
+            "change_on_in_domain": change(phases, f"{after}/in_domain", "before/in_domain")}
 
 
 def watch_phase(url: str, rules, retrain: str | None, load_fn, interval: float, jsonl, phase: str) -> tuple:
@@ -331,6 +335,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: dict, sets: dict, tokenizer,
+                   jsonl) -> dict:
+    """Phases 1-5 of the module docstring; returns what the report is made of."""
+    started, timings = time.monotonic(), {}
+    before, server_before = serve_phases(args, work, "before", reference, target, spec_config,
+                                         [(n, sets[n]) for n in ("in_domain", "shifted", "shifted_unseen")], jsonl)
+    timings["before_s"] = round(time.monotonic() - started, 1)
+    (work / "recent.jsonl").write_text(recent_jsonl(tokenizer, sets["shifted"] + sets["mix"]))
+    extra = ["eval.compare_base=false"] if args.retrain_arg is None else list(args.retrain_arg)
+    argv = retrain_argv(reference["retrain_command"], work / "retrain", extra)
+    log(f"drift demo: retraining: {shlex.join(argv)}")
+    timings["retrain_s"] = round(run_retrain(argv, work, args.python, work / "retrain.log"), 1)
+    promotion = json.loads((work / "retrain" / "promote" / "promotion.json").read_text())
+    after_ref, _, after_config = production(Path(args.registry_root).resolve(), args.name, "production")
+    plan = [(n, sets[n]) for n in ("shifted_unseen", "in_domain")]
+    after, server_after = serve_phases(args, work, "after", after_ref, target, after_config, plan, jsonl)
+    servers = {"before": server_before, "after": server_after}
+    k_before, same_k = spec_config["num_speculative_tokens"], "after"
+    if after_config["num_speculative_tokens"] != k_before:  # the same draft at the old K: a like-for-like answer
+        same_k = f"after_k{k_before}"
+        more, servers[same_k] = serve_phases(args, work, same_k, after_ref, target,
+                                             {**after_config, "num_speculative_tokens": k_before}, plan, jsonl)
+        after.update(more)
+    timings["total_s"] = round(time.monotonic() - started, 1)
+    return {"phases": {**before, **after}, "same_k": same_k, "servers": servers, "promotion": promotion,
+            "after_ref": after_ref, "retrain": shlex.join(argv), "timings": timings}
+
+
 def main(argv=None) -> dict:
     from decode.pair import load_tokenizer
     from decode.vllm import INSTALL_HINT, probe_vllm, vllm_python
@@ -338,11 +370,9 @@ def main(argv=None) -> dict:
 
     args = parse_args(argv)
     args.python = vllm_python(args.python)
-    extra = ["eval.compare_base=false"] if args.retrain_arg is None else list(args.retrain_arg)
     root = Path(args.registry_root).resolve()
     work = Path(args.out or tempfile.mkdtemp(prefix="drift-demo-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     reference, target, spec_config = production(root, args.name, args.ref)
     found = probe_vllm(args.python)
     if not found["ok"]:
@@ -352,37 +382,23 @@ def main(argv=None) -> dict:
     shifted = shifted_files(tuple(args.shifted_packages))
     sets = prompt_sets(tokenizer, prompts=args.prompts, recent=args.recent, prompt_tokens=args.prompt_tokens,
                        shifted=shifted, mix=args.mix)
-    timings = {}
     with open(work / "monitor.jsonl", "w") as jsonl:
-        before, server_before = serve_phases(args, work, "before", reference, target, spec_config,
-                                             [(n, sets[n]) for n in ("in_domain", "shifted", "shifted_unseen")], jsonl)
-        timings["before_s"] = round(time.monotonic() - started, 1)
-        (work / "recent.jsonl").write_text(recent_jsonl(tokenizer, sets["shifted"] + sets["mix"]))
-        argv_retrain = retrain_argv(reference["retrain_command"], work / "retrain", extra)
-        log(f"drift demo: retraining: {shlex.join(argv_retrain)}")
-        timings["retrain_s"] = round(run_retrain(argv_retrain, work, args.python, work / "retrain.log"), 1)
-        promotion = json.loads((work / "retrain" / "promote" / "promotion.json").read_text())
-        after_ref, _, after_config = production(root, args.name, "production")
-        after, server_after = serve_phases(args, work, "after", after_ref, target, after_config,
-                                           [(n, sets[n]) for n in ("shifted_unseen", "in_domain")], jsonl)
-    phases = {**before, **after}
-    timings["total_s"] = round(time.monotonic() - started, 1)
+        loop = close_the_loop(args, work, reference, target, spec_config, sets, tokenizer, jsonl)
+    phases, fields = loop["phases"], ("ref", "version", "acceptance_rate", "source", "k", "draft")
     report = {
-        "registry": {"root": str(root), "name": args.name, "served_before": {k: reference[k] for k in (
-            "ref", "version", "acceptance_rate", "source", "k", "draft")},
-            "served_after": {k: after_ref[k] for k in ("ref", "version", "acceptance_rate", "source", "k", "draft")},
-            "versions": [v["version"] for v in LocalRegistry(root).versions(args.name)]},
+        "registry": {"root": str(root), "name": args.name, "served_before": {k: reference[k] for k in fields},
+                     "served_after": {k: loop["after_ref"][k] for k in fields},
+                     "versions": [v["version"] for v in LocalRegistry(root).versions(args.name)]},
         "target": target, "settings": vars(args), "shifted_files": [str(f) for f in shifted],
         "domain_packages": list(DOMAIN_PACKAGES), "prompt_sets": {k: len(v) for k, v in sets.items()},
-        "phases": phases, "deltas": deltas(phases),
+        "phases": phases, "deltas": deltas(phases, loop["same_k"]),
         "alerts": {key: p["monitor"]["alerts"] for key, p in phases.items()},
-        "promotion": promotion_summary(promotion),
-        "commands": {"vllm_before": server_before["command"], "vllm_after": server_after["command"],
-                     "monitor_recommended": reference["retrain_command"], "retrain": shlex.join(argv_retrain),
+        "promotion": promotion_summary(loop["promotion"]),
+        "commands": {**{f"vllm_{label}": server["command"] for label, server in loop["servers"].items()},
+                     "monitor_recommended": reference["retrain_command"], "retrain": loop["retrain"],
                      "retrain_cwd": str(work)},
-        "timings": {**timings, "server_startup_s": {"before": server_before["startup_s"],
-                                                    "after": server_after["startup_s"]},
-                    "phases_s": {k: p["wall_s"] for k, p in phases.items()}},
+        "timings": {**loop["timings"], "phases_s": {k: p["wall_s"] for k, p in phases.items()},
+                    "server_startup_s": {label: server["startup_s"] for label, server in loop["servers"].items()}},
         "out_dir": str(work),
     }
     print(json.dumps(report, indent=2, default=str))
