@@ -22,7 +22,8 @@ from vLLM's spec-decode counters before and after it:
    overrides, run in the directory that holds recent.jsonl; the champion gate's decision is
    ``promote/promotion.json``;
 5. ``after/shifted_unseen`` and ``after/in_domain`` on the registry's production draft after the retrain
-   (as served: its own K): did acceptance on shifted traffic recover, and did the draft forget the domain?
+   (as served: its own K; when the gate refused the retrained draft, that draft at the K it was measured best
+   at): did acceptance on shifted traffic recover, and did the draft forget the domain?
    When the new version's K differs, the same phases again at the old K (``after_k<K>/...``): acceptance falls
    with K, so the before/after answers (``deltas``) compare phases served at one K.
 
@@ -348,7 +349,15 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
     log(f"drift demo: retraining: {shlex.join(argv)}")
     timings["retrain_s"] = round(run_retrain(argv, work, args.python, work / "retrain.log"), 1)
     promotion = json.loads((work / "retrain" / "promote" / "promotion.json").read_text())
-    after_ref, _, after_config = production(Path(args.registry_root).resolve(), args.name, "production")
+    if promotion_summary(promotion)["promoted"]:
+        after_ref, _, after_config = production(Path(args.registry_root).resolve(), args.name, "production")
+        served = f"production v{after_ref['version']}, promoted by the retrain"
+    else:  # production is unchanged: serve the refused candidate instead, watched against production's reference
+        after_ref = {**reference, "draft": str(work / "retrain" / "train" / "draft")}
+        k = (promotion.get("candidate") or {}).get("best_k") or spec_config["num_speculative_tokens"]
+        after_config = {**spec_config, "num_speculative_tokens": k}
+        served = f"the retrained draft the gate refused ({after_ref['draft']}, K={k}); production is unchanged"
+    log(f"drift demo: after: serving {served}")
     plan = [(n, sets[n]) for n in ("shifted_unseen", "in_domain")]
     after, server_after = serve_phases(args, work, "after", after_ref, target, after_config, plan, jsonl)
     servers = {"before": server_before, "after": server_after}
@@ -360,7 +369,7 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
         after.update(more)
     timings["total_s"] = round(time.monotonic() - started, 1)
     return {"phases": {**before, **after}, "same_k": same_k, "servers": servers, "promotion": promotion,
-            "after_ref": after_ref, "retrain": shlex.join(argv), "timings": timings}
+            "after_ref": after_ref, "after_served": served, "retrain": shlex.join(argv), "timings": timings}
 
 
 def main(argv=None) -> dict:
@@ -387,7 +396,7 @@ def main(argv=None) -> dict:
     phases, fields = loop["phases"], ("ref", "version", "acceptance_rate", "source", "k", "draft")
     report = {
         "registry": {"root": str(root), "name": args.name, "served_before": {k: reference[k] for k in fields},
-                     "served_after": {k: loop["after_ref"][k] for k in fields},
+                     "served_after": {k: loop["after_ref"][k] for k in fields}, "after_served": loop["after_served"],
                      "versions": [v["version"] for v in LocalRegistry(root).versions(args.name)]},
         "target": target, "settings": vars(args), "shifted_files": [str(f) for f in shifted],
         "domain_packages": list(DOMAIN_PACKAGES), "prompt_sets": {k: len(v) for k, v in sets.items()},

@@ -116,7 +116,7 @@ def test_a_phase_is_watched_from_before_to_after_its_load(tmp_path):
     assert written[0]["status"] == "warming up"
 
 
-def test_deltas_compare_the_positions_both_drafted():
+def test_deltas_compare_the_positions_both_drafted_and_take_the_same_k_phases():
     def phase(rate, per_position, tau):
         return {"vllm_counters": {"acceptance_rate": rate, "per_position_acceptance": per_position,
                                   "mean_accepted_tokens": tau}}
@@ -132,6 +132,10 @@ def test_deltas_compare_the_positions_both_drafted():
                                                  "per_position_acceptance": [0.25, 0.25], "mean_accepted_tokens": 1.6}
     assert out["change_on_in_domain"]["per_position_acceptance"] == [-0.2, -0.15]
     assert drift_demo.deltas({"before/in_domain": phases["before/in_domain"]})["shifted_vs_in_domain"] is None
+    same_k = {**phases, "after_k2/shifted_unseen": phase(0.75, [0.8, 0.7], 2.5)}  # the new draft at the old K
+    assert drift_demo.deltas(same_k, "after_k2")["recovery_on_shifted_unseen"] == {
+        "k": [2, 2], "acceptance_rate": 0.25, "per_position_acceptance": [0.25, 0.25], "mean_accepted_tokens": 0.5}
+    assert drift_demo.deltas(same_k, "after_k2")["change_on_in_domain"] is None  # no after_k2/in_domain phase
 
 
 # -- the retrain and the registry ---------------------------------------------------------------------------
