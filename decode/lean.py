@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from decode.cache import CachedModel
 from decode.errors import ConfigError
 from decode.settings import BACKENDS  # the choices of make_runner's backend
+from decode.vocab import RestrictedRunner, check_vocab, scatter_logits
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -140,9 +141,12 @@ class LeanModel:
         capacity: positions to preallocate (prompt + new tokens + k + 1 for a decode); the
             buffers double when a forward needs more.
         check: run :func:`lean_unsupported` (False only where the caller just did, as make_runner).
+        vocab: optional sorted LongTensor of token ids: the head then computes only those rows (a
+            copy of them, made once) and the logits are -inf at every other id (decode/vocab.py).
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int = 256, check: bool = True):
+    def __init__(self, model: torch.nn.Module, capacity: int = 256, check: bool = True,
+                 vocab: torch.Tensor | None = None):
         reason = lean_unsupported(model) if check else None
         if reason is not None:
             raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
@@ -152,6 +156,12 @@ class LeanModel:
         self.embed = inner.embed_tokens.weight
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.head = _linear(model.get_output_embeddings())
+        self.width = self.head[0].shape[0]
+        self.vocab = None
+        if vocab is not None:  # a reduced head: the kept rows, contiguous, so the product streams only them
+            self.vocab = check_vocab(vocab, self.width).to(self.embed.device)
+            weight, bias = self.head
+            self.head = (weight[self.vocab].contiguous(), None if bias is None else bias[self.vocab].contiguous())
         self.rotary = inner.rotary_emb
         # CPU: multi-token blocks as W @ x^T (see _linear_block); elsewhere exactly nn.Linear's product
         self.block_as_weight_product = self.embed.device.type == "cpu"
@@ -222,25 +232,38 @@ class LeanModel:
         self.length = end
         self.forwards += 1
         head = _linear_block if keep > 1 and self.block_as_weight_product else F.linear
-        return head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V]
+        logits = head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(vocab)])
+        return logits if self.vocab is None else scatter_logits(logits, self.vocab, self.width)
 
 
-def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 256) -> LeanModel | CachedModel:
+def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 256,
+                vocab: torch.Tensor | None = None) -> LeanModel | CachedModel | RestrictedRunner:
     """The cached-forward runner for `model`: "lean" (:class:`LeanModel`, an error if it does not
     cover the model), "hf" (the model's own forward with a ``DynamicCache``) or "auto" (lean when
-    covered, else hf)."""
+    covered, else hf). With `vocab` (token ids), logits are -inf outside those ids: the lean
+    forward computes only their head rows; the hf one masks its full logits (same values, no saving)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+    def hf() -> CachedModel | RestrictedRunner:
+        runner = CachedModel(model)
+        return runner if vocab is None else RestrictedRunner(runner, check_vocab(vocab, _width(model)))
+
     if backend == "hf":
-        return CachedModel(model)
+        return hf()
     reason = lean_unsupported(model)  # walks every module: done once per runner
     if reason is None:
-        return LeanModel(model, capacity, check=False)
+        return LeanModel(model, capacity, check=False, vocab=vocab)
     if backend == "auto":
-        return CachedModel(model)
+        return hf()
     raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
 
 
-def runner_name(runner: LeanModel | CachedModel) -> str:
+def _width(model: torch.nn.Module) -> int:
+    """Rows of the model's output head (its logit width)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def runner_name(runner: LeanModel | CachedModel | RestrictedRunner) -> str:
     """'lean' or 'hf'."""
     return "lean" if isinstance(runner, LeanModel) else "hf"

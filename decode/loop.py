@@ -148,6 +148,7 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     backend: str = "auto",
+    draft_vocab: torch.Tensor | None = None,
 ) -> GenerateOutput:
     """Speculative decoding of `target` with `draft` proposing `k` tokens per round.
 
@@ -160,6 +161,10 @@ def speculative_generate(
     then taken over the shared range ``[0, min(V_target, V_draft))``, which holds every real
     token of the tokenizer, so a padded id that one model cannot embed is never produced. Stats are
     :class:`SpeculativeStats`.
+
+    `draft_vocab` (optional LongTensor of token ids, decode/vocab.py): the draft proposes only these
+    tokens; its head computes only their rows under the lean forward. Greedy output is unchanged
+    and sampling stays exact (its q is 0 outside the ids); only acceptance and the draft's cost move.
 
     First token: the target runs once over the whole prompt and its last logits give the first
     new token (argmax, or a draw from the same filtered distribution with `generator`), exactly as
@@ -187,7 +192,7 @@ def speculative_generate(
     greedy = temperature == 0
     n_prompt = prompt.shape[1]
     capacity = n_prompt + max(max_new_tokens, 0) + k + 1
-    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity)
+    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=draft_vocab)
     stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
                              overlap_sum=None if greedy else 0.0, backend=runner_name(tgt),
                              draft_backend=runner_name(dft))

@@ -91,11 +91,20 @@ def check_embedding_width(model: torch.nn.Module, tokenizer: PreTrainedTokenizer
         )
 
 
+def check_local_path(name_or_path: str, role: str) -> None:
+    """A name written as a filesystem path (``/...``, ``./...``, ``../...``, ``~...``) must exist: say so plainly
+    instead of the hub's "Repo id must be in the form ..." that transformers gives for a missing directory."""
+    if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
+        raise PairError(f"the {role} model {name_or_path} does not exist (no such file or directory); "
+                        f"check the path, or give a hub id")
+
+
 def load_tokenizer(name_or_path: str | Path, role: str = "model") -> PreTrainedTokenizerBase:
     """AutoTokenizer.from_pretrained with an error that names the role and the path (a ``.gguf`` file too)."""
     name_or_path = str(name_or_path)
     if is_gguf(name_or_path):
         return load_gguf_tokenizer(name_or_path, role)
+    check_local_path(name_or_path, role)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
@@ -152,6 +161,7 @@ def load_model(name_or_path: str | Path, role: str = "model", dtype: torch.dtype
     name_or_path, dtype = str(name_or_path), resolve_dtype(dtype)
     if is_gguf(name_or_path):
         return load_gguf_model(name_or_path, role, None if dtype == "auto" else dtype).to(device).eval()
+    check_local_path(name_or_path, role)
     check_weight_files(name_or_path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)

@@ -46,17 +46,18 @@ def mid_decode_context(prompt: torch.Tensor, max_new_tokens: int) -> torch.Tenso
 
 
 @torch.inference_mode()
-def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20, backend: str = "auto") -> dict:
+def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: int = 20, backend: str = "auto",
+                draft_vocab: torch.Tensor | None = None) -> dict:
     """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).
 
     `backend` picks the cached forward as in the decode loops (see decode/lean.py): time the one
-    the decode ran with.
+    the decode ran with, and `draft_vocab` the draft's reduced vocabulary as the decode used it.
 
     Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},
     "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}.
     """
     capacity = context.shape[1] + max(ks) + 2
-    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity)
+    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=draft_vocab)
     tgt.forward(context, keep=1)
     dft.forward(context, keep=1)
     p = context.shape[1]

@@ -274,6 +274,10 @@ class Pipeline:
         datagen_dir = self.out / "datagen"
         if "datagen" in self.cfg.stages or (datagen_dir / "stage.json").exists():
             return {"data_dir": str(datagen_dir)}, {"datagen": self._upstream("datagen", datagen_dir)}
+        if self.cfg.eval.draft_vocab:
+            raise ConfigError(f"eval.draft_vocab={self.cfg.eval.draft_vocab} ranks tokens by what the target says in a "
+                              f"datagen output, and {self.out} has none: add datagen to stages, or set "
+                              f"eval.draft_vocab=0 (the draft's full vocabulary)")
         if not self.cfg.data.prompts:
             raise ConfigError(f"stages={list(self.cfg.stages)} without a datagen output in {self.out} needs "
                               "data.prompts=FILE.jsonl (or .parquet, a folder, a HF dataset id) to evaluate on")

@@ -111,9 +111,11 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
 
         stored = info and {"table": serving, "concurrency": info["concurrency"],
                            "k_by_concurrency": info["k_by_concurrency"]}
+        vocab = Path(out_dir) / "eval" / "draft_vocab.json"  # eval.draft_vocab: the ids the figures were measured with
         version = tx.register(draft_dir, metrics=metrics, promotion=record, k=candidate["best_k"],
                               aliases=[p.alias], source={"out_dir": str(out_dir), "config": asdict(cfg)},
-                              target=target, draft_fingerprint=candidate_fp, serving=stored)
+                              target=target, draft_fingerprint=candidate_fp, serving=stored,
+                              files={vocab.name: vocab} if vocab.exists() else None)
         record["registry"] = _registry_info(registry, p.name, version["version"])
         record["registry"]["created"] = version["created"]
         if cfg.registry.kind == "wandb":

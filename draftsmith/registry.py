@@ -318,9 +318,11 @@ class RegistryTransaction:
 
     def register(self, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
                  aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
-                 target: dict | None = None, draft_fingerprint: str | None = None, serving: dict | None = None) -> dict:
+                 target: dict | None = None, draft_fingerprint: str | None = None, serving: dict | None = None,
+                 files: dict[str, str | Path] | None = None) -> dict:
         """:meth:`LocalRegistry.register` inside this transaction; `draft_fingerprint`: fingerprint(draft_dir)
-        when the caller already has it (hashing a big draft outside the lock keeps the lock short)."""
+        when the caller already has it (hashing a big draft outside the lock keeps the lock short); `files`:
+        {name: path} copied into the version directory beside metrics.json (e.g. the eval's draft_vocab.json)."""
         reg, draft_dir = self._open(), Path(draft_dir)
         _check_model_dir(draft_dir)
         for alias in aliases:
@@ -347,6 +349,8 @@ class RegistryTransaction:
                 write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
                 if serving is not None:
                     write_json(tmp / "serving.json", serving["table"])
+                for file_name, path in (files or {}).items():
+                    shutil.copyfile(path, tmp / file_name)
                 write_json(tmp / "version.json", record)
             existing = {**record, "created": True}
         else:

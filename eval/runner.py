@@ -25,7 +25,9 @@ from decode.pair import check_embedding_width, check_tokenizers, load_model, loa
 from decode.progress import progress
 from decode.timing import cost_ratios, mid_decode_context
 from eval.settings import DecodeSettings, EvalSettings
+from decode.vocab import VOCAB_FILE, save_vocab
 from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
+from eval.vocab import datagen_vocab
 
 SCHEMA_VERSION = 1
 
@@ -109,16 +111,20 @@ def _distinct(rows, n: int) -> list[torch.Tensor]:
 
 def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
     """A hash of what makes two evals' speedups comparable: target, prompts, lengths, K grid, and the decode
-    settings that change speed or output (temperature, top-k/top-p, seed, forward backend, dtype, device).
+    settings that change speed or output (temperature, top-k/top-p, seed, forward backend, dtype, device,
+    the draft vocabulary size).
 
     The promote stage compares a candidate with a production draft's recorded figures only when the ids match.
     """
     import hashlib
     import json
 
-    blob = json.dumps({"target": cfg.target, "prompts": [p[0].tolist() for p in prompts], "max_new": cfg.max_new_tokens,
-                       "k": list(cfg.k), "temperature": list(cfg.temperature), "top_k": cfg.top_k, "top_p": cfg.top_p,
-                       "seed": cfg.seed, "backend": cfg.backend, "dtype": cfg.dtype, "device": cfg.device})
+    fields = {"target": cfg.target, "prompts": [p[0].tolist() for p in prompts], "max_new": cfg.max_new_tokens,
+              "k": list(cfg.k), "temperature": list(cfg.temperature), "top_k": cfg.top_k, "top_p": cfg.top_p,
+              "seed": cfg.seed, "backend": cfg.backend, "dtype": cfg.dtype, "device": cfg.device}
+    if cfg.draft_vocab:  # only when set, so that the ids of evals with the full vocabulary stay what they were
+        fields["draft_vocab"] = cfg.draft_vocab
+    blob = json.dumps(fields)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -133,18 +139,21 @@ def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_i
 
 
 def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: float, eos,
-                 pad_id) -> tuple[CellRecord, dict]:
-    """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B)."""
+                 pad_id, draft_vocab: torch.Tensor | None = None) -> tuple[CellRecord, dict]:
+    """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B).
+
+    `draft_vocab`: the ids the draft may propose (eval.draft_vocab), None for its full vocabulary; HF
+    assisted generation (eval.hf_ab) always runs the full one."""
     gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
     common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=eos, generator=gen, backend=cfg.backend)
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
-        speculative_generate(target, draft, prompts[0], k=k, **{**common, "max_new_tokens": 8})
+        speculative_generate(target, draft, prompts[0], k=k, draft_vocab=draft_vocab, **{**common, "max_new_tokens": 8})
     base_stats, spec_stats, equal, hf_s, hf_equal = [], [], [], 0.0, True
     for i, prompt in enumerate(prompts):
         runs = [("plain", lambda: autoregressive_generate(target, prompt, **common)),
-                ("spec", lambda: speculative_generate(target, draft, prompt, k=k, **common))]
+                ("spec", lambda: speculative_generate(target, draft, prompt, k=k, draft_vocab=draft_vocab, **common))]
         outs = {name: fn() for name, fn in (runs if i % 2 == 0 else runs[::-1])}
         base_stats.append(outs["plain"].stats)
         spec_stats.append(outs["spec"].stats)
@@ -155,7 +164,7 @@ def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: f
                 hf_s += sec
                 hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
     costs = cost_ratios(target, draft, mid_decode_context(prompts[0], cfg.max_new_tokens), [k],
-                        repeats=cfg.cost_repeats, backend=cfg.backend)
+                        repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
     record = cell_record(k, temperature, base_stats, spec_stats, costs["c"][k], costs["c_v"][k],
                          equal if temperature == 0 else None)
     out = asdict(record)
@@ -177,7 +186,8 @@ def run(cfg: EvalConfig) -> dict:
     draft: "lean" or "hf") and "hf_assisted" for greedy cells],
     "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
     "mean_accepted_tokens", "greedy_match", "backend"} at best K of the lowest temperature}, "warnings": [...],
-    "provenance"}.
+    "draft_vocab" (None, or with eval.draft_vocab: {"size", "source", "ranked_from_tokens", "heldout_coverage"};
+    the ids in draft_vocab.json beside metrics.json), "provenance"}.
     """
     from eval.report import write_report
 
@@ -194,11 +204,16 @@ def run(cfg: EvalConfig) -> dict:
         check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
         drafts[name] = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
         check_embedding_width(drafts[name], tokenizer, path)
+    vocab, vocab_info = None, None
+    if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says
+        width = min(m.get_output_embeddings().weight.shape[0] for m in [target, *drafts.values()])
+        vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
+        vocab = vocab.to(cfg.device)
 
     records, cell_records, warnings = [], [], []
     cells = [(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
     for name, k, temp in progress(cells, desc="eval", unit="cell"):
-        record, entry = measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id)
+        record, entry = measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id, vocab)
         records.append({"draft": name, **entry})
         cell_records.append((name, record))
         warning = slowdown_warning(record)
@@ -216,10 +231,12 @@ def run(cfg: EvalConfig) -> dict:
                          "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match,
                          "backend": entry["backend"]}
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
-               "eval_set": eval_set_id(cfg, prompts),
+               "eval_set": eval_set_id(cfg, prompts), "draft_vocab": vocab_info,
                "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}
     with atomic_dir(cfg.out_dir) as tmp:
         write_json(tmp / "metrics.json", metrics)
+        if vocab is not None:
+            save_vocab(tmp / VOCAB_FILE, vocab.cpu(), **vocab_info)
         write_report(metrics, tmp)
     return metrics
 

@@ -45,6 +45,8 @@ class EvalSettings:
     warmup: int = 1
     hf_ab: bool = False  # also time HF assisted generation beside draftsmith's loop (greedy cells)
     cost_repeats: int = 5
+    draft_vocab: int = 0  # > 0: every draft proposes only the N tokens the target says most often in the datagen
+    # train split (its head computes N rows instead of the whole vocabulary: decode/vocab.py); 0 = full vocabulary
 
     def __post_init__(self):
         bad_k = [k for k in self.k if isinstance(k, bool) or not isinstance(k, int) or k < 1]
@@ -56,6 +58,8 @@ class EvalSettings:
         check(self.max_prompts >= 1, f"eval.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"eval.warmup must be >= 0, got {self.warmup}")
         check(self.cost_repeats >= 1, f"eval.cost_repeats must be >= 1, got {self.cost_repeats}")
+        check(isinstance(self.draft_vocab, int) and self.draft_vocab >= 0,
+              f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
 
 
 @dataclass(kw_only=True)

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import SPECIALS, WORDS, make_model, make_tokenizer
 from decode import PairError, load_pair, speculative_generate
-from decode.pair import check_tokenizers
+from decode.pair import check_tokenizers, load_model
 
 
 def save(tmp_path, name, model, tokenizer):
@@ -67,8 +67,10 @@ def test_model_narrower_than_tokenizer_is_a_clear_error(tmp_path, tokenizer):
 
 def test_missing_model_is_a_clear_error(tmp_path, tokenizer):
     t = save(tmp_path, "target", make_model("llama", seed=0), tokenizer)
-    with pytest.raises(PairError, match="cannot load the draft tokenizer from .*nowhere"):
+    with pytest.raises(PairError, match="the draft model .*nowhere does not exist"):
         load_pair(t, tmp_path / "nowhere")
+    with pytest.raises(PairError, match="the draft model .*nowhere does not exist"):  # not the hub's "Repo id must be"
+        load_model(tmp_path / "nowhere", "draft")
 
 
 def test_unknown_dtype_is_a_clear_error(tmp_path, tokenizer):
