@@ -41,6 +41,17 @@ def stage_digest(stage: str, section: dict, inputs: dict) -> str:
     return config_hash(stage, section, inputs)
 
 
+def served_drafts(serving, drafts: dict[str, str]) -> dict[str, str]:
+    """The eval's drafts the serving A/B serves: those named in eval.serving.drafts ([] = all)."""
+    if not serving.drafts:
+        return drafts
+    chosen = {name: path for name, path in drafts.items() if name in serving.drafts}
+    if not chosen:
+        raise ConfigError(f"eval.serving.drafts={list(serving.drafts)} names none of this eval's drafts "
+                          f"({', '.join(drafts)}); fix the list, or leave it [] to serve them all")
+    return chosen
+
+
 class Pipeline:
     """Runs the configured stages in order; `run()` returns the summary it prints."""
 
@@ -309,6 +320,8 @@ class Pipeline:
         target, _ = self.pair()
         prod = self.production()
         drafts = self.eval_drafts(prod)
+        if cfg.eval.serving.engine == "vllm":
+            served_drafts(cfg.eval.serving, drafts)  # a serving.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
         section = {"target": target, "drafts": drafts, "eval": asdict(cfg.eval), "decode": asdict(cfg.decode),
                    "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
@@ -334,7 +347,8 @@ class Pipeline:
         serving = self.cfg.eval.serving
         ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
                else file_prompts(prompts["prompts_file"], serving.max_prompts))
-        result = run_serving_ab(serving, target=target, drafts=drafts, k=list(self.cfg.eval.k),
+        drafts = served_drafts(serving, drafts)
+        result = run_serving_ab(serving, target=target, drafts=drafts, k=list(serving.k or self.cfg.eval.k),
                                 prompts=[p[0].tolist() for p in ids], out_dir=str(out), dtype=self.cfg.pair.dtype,
                                 log=self.log)
         report = out / "report.md"

@@ -62,6 +62,9 @@ class EvalSettings:
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
 
 
+SERVABLE_DRAFTS = ("trained", "base", "production")  # the names the pipeline gives its eval's drafts
+
+
 @dataclass(kw_only=True)
 class ServingSettings:
     """The serving A/B on vLLM (eval/serving.py): the schema of the pipeline's ``eval.serving.*`` keys.
@@ -72,6 +75,9 @@ class ServingSettings:
 
     engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when eval.serving.python imports it, else none)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])  # closed-loop clients, one cell each
+    drafts: list[str] = field(default_factory=list)  # which of the eval's drafts to serve (trained, base,
+    # production); [] = all of them. Each is one vLLM server per K: on a CPU a server costs minutes
+    k: list[int] = field(default_factory=list)  # the K of the spec servers; [] = eval.k
     request_rate: list[float] = field(default_factory=list)  # open-loop Poisson arrivals (requests/s); [] = none
     max_tokens: int = 64  # output tokens per request
     ignore_eos: bool = True  # every request produces exactly max_tokens tokens
@@ -96,6 +102,11 @@ class ServingSettings:
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,
               f"eval.serving.concurrency must be a non-empty list of integers >= 1, got {list(self.concurrency)}")
+        bad_d = [d for d in self.drafts if d not in SERVABLE_DRAFTS]
+        check(not bad_d, f"eval.serving.drafts={list(self.drafts)}: {bad_d} is not one of the eval's drafts "
+                         f"{list(SERVABLE_DRAFTS)}; give a subset, or [] for all")
+        bad_k = [k for k in self.k if isinstance(k, bool) or not isinstance(k, int) or k < 1]
+        check(not bad_k, f"eval.serving.k must be a list of integers >= 1 ([] = eval.k), got {list(self.k)}")
         check(all(r > 0 for r in self.request_rate),
               f"eval.serving.request_rate must hold request rates > 0 (requests/s), got {list(self.request_rate)}")
         check(self.max_tokens >= 1, f"eval.serving.max_tokens must be >= 1, got {self.max_tokens}")

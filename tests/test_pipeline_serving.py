@@ -31,6 +31,21 @@ def test_eval_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_path, monkeyp
     assert summary["serving"]["path"].endswith("serving.json")
 
 
+def test_serving_drafts_and_k_choose_the_servers(pair, tmp_path, monkeypatch, capsys):  # noqa: F811
+    fake = write_fake_python(tmp_path)
+    run_cli(monkeypatch, serving_args(pair, tmp_path, "eval.serving.engine=vllm", f"eval.serving.python={fake}",
+                                      "eval.serving.drafts=[base]", "eval.serving.k=[1]"))
+    serving = json.loads((tmp_path / "run/eval/serving.json").read_text())
+    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {("base", 1, 1), ("base", 1, 2)}
+    assert {r["k"] for r in json.loads((tmp_path / "run/eval/metrics.json").read_text())["records"]} == {2}
+    # a list that names none of the eval's drafts (stages=[eval]: only base) fails before the eval runs
+    capsys.readouterr()
+    _expect_user_error(monkeypatch, capsys, serving_args(pair, tmp_path / "again", "eval.serving.engine=vllm",
+                                                         f"eval.serving.python={fake}", "eval.serving.drafts=[trained]"),
+                       "eval.serving.drafts=['trained'] names none of this eval's drafts (base)")
+    assert not (tmp_path / "again" / "run" / "eval").exists()
+
+
 def test_engine_auto_without_vllm_turns_the_ab_off_and_says_how_to_turn_it_on(pair, tmp_path, monkeypatch,  # noqa: F811
                                                                                capsys):
     missing = tmp_path / "no-such-python"
@@ -51,6 +66,8 @@ def test_engine_vllm_without_vllm_fails_before_any_work(pair, tmp_path, monkeypa
     ("eval.serving.engine=sglang", "eval.serving.engine='sglang' is not one of"),
     ("eval.serving.concurrency=[0]", "eval.serving.concurrency must be"),
     ("promote.serving_concurrency=0", "promote.serving_concurrency must be >= 1"),
+    ("eval.serving.drafts=[champion]", "eval.serving.drafts=['champion']: ['champion'] is not one of"),
+    ("eval.serving.k=[0]", "eval.serving.k must be a list of integers >= 1"),
 ])
 def test_serving_settings_are_checked_at_start_up(pair, tmp_path, monkeypatch, capsys, override, message):  # noqa: F811
     _expect_user_error(monkeypatch, capsys, serving_args(pair, tmp_path, override), message)
