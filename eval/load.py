@@ -198,6 +198,7 @@ def served_model(url: str, timeout_s: float = 10.0) -> str:
     """The first model id of ``GET {url}/v1/models`` (the name requests must use)."""
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no INFO line for this request in the run's log
     try:
         resp = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
         resp.raise_for_status()
