@@ -38,6 +38,14 @@ def stale_stages(out: Path) -> dict[str, str]:
     return found
 
 
+def vocab_line(info: dict) -> str:
+    """One line on eval.draft_vocab: its size and held-out coverage."""
+    cover = info.get("heldout_coverage")
+    cover = "" if cover is None else f", {cover:.1%} of the target's held-out tokens"
+    return (f"draft vocabulary: every draft proposed only the {info['size']} tokens the target says most "
+            f"(eval.draft_vocab{cover}); vLLM serves the full head")
+
+
 def summarize(out: Path, ran: dict[str, str]) -> dict:
     """The run summary (summary.json, the end-of-run table): per draft acceptance, tau, best K, speedup; the
     decision; stale outputs; paths. `ran` maps each stage of this run to "ran" or "skipped"."""
@@ -49,6 +57,7 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
         result["drafts"] = metrics["summary"]
         result["report"] = str(out / "eval" / "report.md")
         result["warnings"] = metrics.get("warnings", [])
+        result["draft_vocab"] = metrics.get("draft_vocab")
     serving_path = out / "eval" / "serving.json"
     if serving_path.exists():
         from eval.serving_stats import summary_lines
@@ -92,6 +101,8 @@ def format_summary(summary: dict) -> str:
                            for b in (s.get("backend") for s in summary["drafts"].values()) if b})
         if forwards:
             lines.append(f"  forward: {'; '.join(forwards)} (decode.backend; plain decoding ran on the same)")
+        if summary.get("draft_vocab"):
+            lines.append("  " + vocab_line(summary["draft_vocab"]))
         for warning in summary.get("warnings", []):
             lines.append(f"  WARNING: {warning}")
         lines.append(f"  report: {summary['report']}")

@@ -72,6 +72,18 @@ def _backend_lines(metrics: dict) -> list[str]:
             f"speculative decoding): {'; '.join(used)}.", ""]
 
 
+def _vocab_lines(metrics: dict) -> list[str]:
+    """eval.draft_vocab: the reduced draft vocabulary every draft ran with, and its held-out coverage."""
+    info = metrics.get("draft_vocab")
+    if not info:
+        return []
+    cover = info.get("heldout_coverage")
+    cover = "" if cover is None else f"; they are {cover:.1%} of the target's held-out completion tokens"
+    return [f"Draft vocabulary (`eval.draft_vocab={info['size']}`): every draft proposed only the {info['size']} "
+            f"tokens the target says most in `{info['source']}` (`draft_vocab.json`){cover}. Greedy output and "
+            f"sampling are exact either way; vLLM's serving A/B runs the draft's full head.", ""]
+
+
 LEGEND = ("Acceptance rate: accepted / drafted draft tokens. Token acceptance α: accepted / tested draft tokens "
           "(the drafted tokens after a rejection are never tested), the α of the predicted speedup "
           "(1 − α^(K+1)) / ((1 − α)(K·c + c_v)). τ: tokens per verification forward of the target. Speedup: plain / speculative wall "
@@ -83,7 +95,8 @@ def write_report(metrics: dict, out: Path) -> None:
     plots = _plots(metrics, out)
     lines = ["# draftsmith eval report", "",
              f"{metrics['prompts']} held-out prompts, {metrics['config']['max_new_tokens']} new tokens, "
-             f"target `{metrics['config']['target']}`.", "", *_backend_lines(metrics), "## Summary", "",
+             f"target `{metrics['config']['target']}`.", "", *_backend_lines(metrics), *_vocab_lines(metrics),
+             "## Summary", "",
              "| draft | best K | speedup | acceptance rate | token acceptance α | tokens / target step τ | greedy match |",
              "|---|---|---|---|---|---|---|"]
     for name, s in metrics["summary"].items():

@@ -130,7 +130,7 @@ def test_sampling_with_a_reduced_draft_vocabulary_follows_the_target():
 
 # -- the pipeline: eval.draft_vocab ------------------------------------------------------------------
 
-def test_the_pipeline_evaluates_with_a_reduced_draft_vocabulary_and_registers_it(pair, tmp_path, monkeypatch):
+def test_the_pipeline_evaluates_with_a_reduced_draft_vocabulary_and_registers_it(pair, tmp_path, monkeypatch, capsys):
     from test_pipeline import run_cli, tiny_args
 
     from draftsmith.registry import LocalRegistry
@@ -151,6 +151,8 @@ def test_the_pipeline_evaluates_with_a_reduced_draft_vocabulary_and_registers_it
     heldout = data["heldout"]["completion_ids"]
     assert info["heldout_coverage"] == pytest.approx(coverage(ids, heldout))
     assert all(r["greedy_match"] == 1.0 for r in metrics["records"])
+    assert "Draft vocabulary (`eval.draft_vocab=12`)" in (out / "eval/report.md").read_text()
+    assert "draft vocabulary: every draft proposed only the 12 tokens" in capsys.readouterr().out
     version = LocalRegistry(tmp_path / "registry").path("tiny", 1)
     assert load_vocab(version / "draft_vocab.json").tolist() == ids.tolist()
 
