@@ -303,11 +303,14 @@ def test_transaction_is_reentrant_and_ends_with_its_block(tmp_path):
 
 def test_eval_set_id_covers_the_decode_settings():
     cfg = SimpleNamespace(target="t", max_new_tokens=8, k=[2, 4], temperature=[0.0], top_k=0, top_p=1.0, seed=0,
-                          backend="lean", dtype="float32", device="cpu")
+                          backend="lean", dtype="float32", device="cpu", draft_vocab=0)
     prompts = [torch.tensor([[1, 2, 3]])]
     base = eval_set_id(cfg, prompts)
+    # the id of a full-vocabulary eval is what it was before eval.draft_vocab existed (computed with the code of
+    # commit dbd2207), so registry versions recorded then are still compared with new evals
+    assert base == "216c675b94e613c6"
     assert eval_set_id(SimpleNamespace(**vars(cfg)), prompts) == base
     for key, value in [("backend", "hf"), ("dtype", "bfloat16"), ("device", "cuda"), ("seed", 1), ("k", [2]),
-                       ("top_p", 0.9), ("target", "u")]:
+                       ("top_p", 0.9), ("target", "u"), ("draft_vocab", 8192)]:
         assert eval_set_id(SimpleNamespace(**{**vars(cfg), key: value}), prompts) != base, key
     assert eval_set_id(cfg, [torch.tensor([[1, 2, 4]])]) != base
