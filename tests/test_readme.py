@@ -27,7 +27,7 @@ COVERED = {
     "python3 -m venv .venv-lowest && . .venv-lowest/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]' "
     "'transformers==5.0.0' && OMP_NUM_THREADS=1 python -m pytest tests/test_transformers_compat.py "
     "tests/test_greedy_equivalence.py "
-    "tests/test_loop_stubs.py tests/test_lean.py tests/test_sampling_distribution.py tests/test_pair.py -q":
+    "tests/test_loop_stubs.py tests/test_lean.py tests/test_sampling_distribution.py tests/test_pair.py tests/test_draft_vocab.py -q":
         ".ci/run (tests/test_transformers_compat.py checks that it pins pyproject.toml's lower bound)",
     "draftsmith method.loss=tvd": "test_readme_pipeline_commands",
     "draftsmith stages=[eval] eval.k=[1,2,3,4,6]": "test_readme_pipeline_commands",
