@@ -24,8 +24,8 @@ from decode.errors import UserError, check
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from decode.progress import progress
 from decode.timing import cost_ratios, mid_decode_context
-from eval.settings import DecodeSettings, EvalSettings
 from decode.vocab import VOCAB_FILE, save_vocab
+from eval.settings import DecodeSettings, EvalSettings
 from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
 from eval.vocab import datagen_vocab
 
