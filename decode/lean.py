@@ -247,7 +247,7 @@ def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 2
 
     def hf() -> CachedModel | RestrictedRunner:
         runner = CachedModel(model)
-        return runner if vocab is None else RestrictedRunner(runner, check_vocab(vocab, _width(model)))
+        return runner if vocab is None else RestrictedRunner(runner, check_vocab(vocab, logit_width(model)))
 
     if backend == "hf":
         return hf()
@@ -259,8 +259,8 @@ def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 2
     raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
 
 
-def _width(model: torch.nn.Module) -> int:
-    """Rows of the model's output head (its logit width)."""
+def logit_width(model: torch.nn.Module) -> int:
+    """Number of logits the model produces (rows of its output embedding)."""
     return model.get_output_embeddings().weight.shape[0]
 
 

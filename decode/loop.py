@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from decode.lean import make_runner, runner_name
+from decode.lean import logit_width, make_runner, runner_name
 from decode.sampling import check_sampling_args, logits_to_probs, sample
 from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
 from decode.verify import expected_acceptance, verify_greedy, verify_sampling
@@ -67,11 +67,6 @@ def _first_eos(tokens: torch.Tensor, eos: torch.Tensor | None) -> int:
         return -1
     hits = torch.isin(tokens, eos).nonzero()
     return int(hits[0, 0]) if hits.numel() else -1
-
-
-def _logit_width(model: torch.nn.Module) -> int:
-    """Number of logits the model produces (rows of its output embedding)."""
-    return model.get_output_embeddings().weight.shape[0]
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator) -> torch.Tensor:
@@ -199,7 +194,7 @@ def speculative_generate(
     buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
     buf[:, :n_prompt] = prompt
     n = n_prompt  # tokens known: prompt + new tokens
-    width = min(_logit_width(target), _logit_width(draft))  # shared token range V
+    width = min(logit_width(target), logit_width(draft))  # shared token range V
 
     start = _clock(device)
     finished = max_new_tokens <= 0

@@ -21,6 +21,7 @@ import torch
 from decode import autoregressive_generate, speculative_generate
 from artifacts import atomic_dir, provenance, write_json
 from decode.errors import UserError, check
+from decode.lean import logit_width
 from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from decode.progress import progress
 from decode.timing import cost_ratios, mid_decode_context
@@ -206,7 +207,7 @@ def run(cfg: EvalConfig) -> dict:
         check_embedding_width(drafts[name], tokenizer, path)
     vocab, vocab_info = None, None
     if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says
-        width = min(m.get_output_embeddings().weight.shape[0] for m in [target, *drafts.values()])
+        width = min(logit_width(m) for m in [target, *drafts.values()])
         vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
         vocab = vocab.to(cfg.device)
 
