@@ -11,15 +11,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "autoregressive_generate": "decode.loop",
-    "speculative_generate": "decode.loop",
-    "ModelPair": "decode.pair",
-    "PairError": "decode.pair",
-    "check_tokenizers": "decode.pair",
-    "load_pair": "decode.pair",
-    "DecodeStats": "decode.stats",
-    "GenerateOutput": "decode.stats",
-    "SpeculativeStats": "decode.stats",
+    "autoregressive_generate": "draftsmith.decode.loop",
+    "speculative_generate": "draftsmith.decode.loop",
+    "ModelPair": "draftsmith.decode.pair",
+    "PairError": "draftsmith.decode.pair",
+    "check_tokenizers": "draftsmith.decode.pair",
+    "load_pair": "draftsmith.decode.pair",
+    "DecodeStats": "draftsmith.decode.stats",
+    "GenerateOutput": "draftsmith.decode.stats",
+    "SpeculativeStats": "draftsmith.decode.stats",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -27,7 +27,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'decode' has no attribute {name!r}")
+        raise AttributeError(f"module 'draftsmith.decode' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from decode.errors import UserError
+from draftsmith.decode.errors import UserError
 
 GGUF_HINT = "install the gguf package: pip install gguf"
 

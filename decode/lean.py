@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from decode.cache import CachedModel
-from decode.errors import ConfigError
-from decode.settings import BACKENDS  # the choices of make_runner's backend
-from decode.vocab import RestrictedRunner, check_vocab, scatter_logits
+from draftsmith.decode.cache import CachedModel
+from draftsmith.decode.errors import ConfigError
+from draftsmith.decode.settings import BACKENDS  # the choices of make_runner's backend
+from draftsmith.decode.vocab import RestrictedRunner, check_vocab, scatter_logits
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

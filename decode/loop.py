@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from decode.lean import logit_width, make_runner, runner_name
-from decode.sampling import check_sampling_args, logits_to_probs, sample
-from decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
-from decode.verify import expected_acceptance, verify_greedy, verify_sampling
+from draftsmith.decode.lean import logit_width, make_runner, runner_name
+from draftsmith.decode.sampling import check_sampling_args, logits_to_probs, sample
+from draftsmith.decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
+from draftsmith.decode.verify import expected_acceptance, verify_greedy, verify_sampling
 
 
 def _clock(device: torch.device) -> float:

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from decode.errors import UserError
-from decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
+from draftsmith.decode.errors import UserError
+from draftsmith.decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
 
 
 class PairError(UserError, ValueError):

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from decode.cache import CachedModel
-from decode.lean import LeanModel, make_runner
+from draftsmith.decode.cache import CachedModel
+from draftsmith.decode.lean import LeanModel, make_runner
 
 
 def _timed(runner: CachedModel | LeanModel, tokens: torch.Tensor, restore: int) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.sampling import sample
+from draftsmith.decode.sampling import sample
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from decode.errors import UserError
+from draftsmith.decode.errors import UserError
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = ("install it in its own venv: `python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "

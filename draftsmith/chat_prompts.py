@@ -16,7 +16,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from artifacts import write_text
+from draftsmith.artifacts import write_text
 
 STDLIB_CHAT = "stdlib-chat"  # the data.prompts value
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from decode.errors import UserError
+from draftsmith.decode.errors import UserError
 from draftsmith.config import DraftsmithConfig, register_schema, required_message, validate
 
 register_schema()
@@ -44,7 +44,7 @@ def run(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from decode.progress import quiet_library_bars
+    from draftsmith.decode.progress import quiet_library_bars
 
     quiet_library_bars()  # non-interactive logs (CI, SLURM, > log): no library progress bars
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -82,7 +82,7 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://draftsmith.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

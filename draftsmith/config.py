@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from decode.errors import ConfigError, check, check_choice
-from eval.gates import Gates
-from eval.settings import DecodeSettings, EvalSettings, ServingSettings
-from train.settings import DatagenSettings, TrainSettings
+from draftsmith.decode.errors import ConfigError, check, check_choice
+from draftsmith.eval.gates import Gates
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, ServingSettings
+from draftsmith.train.settings import DatagenSettings, TrainSettings
 
 __all__ = ["ConfigError", "DraftsmithConfig", "STAGES", "DEMO", "register_schema", "validate"]
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from artifacts import atomic_dir, write_text
-from decode.progress import progress
-from decode.errors import UserError
+from draftsmith.artifacts import atomic_dir, write_text
+from draftsmith.decode.progress import progress
+from draftsmith.decode.errors import UserError
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]
@@ -251,7 +251,7 @@ def build_demo_draft(target_dir: Path, spec: DraftSpec | None = None, root: Path
     """A draft distilled from the demo target with draftsmith's own datagen and train stages, cached."""
     from transformers import AutoTokenizer
 
-    from train import datagen, trainer
+    from draftsmith.train import datagen, trainer
 
     spec = spec or DraftSpec()
     entry = (root or cache_root()) / f"demo-draft-{spec.key(Path(target_dir).parent.name)}"

@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from decode.errors import ConfigError, UserError
-from decode.vllm import VllmError, scrape_metrics
+from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.decode.vllm import VllmError, scrape_metrics
 from draftsmith.registry import LocalRegistry, RegistryError
-from eval.monitor import (DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS, MonitorError, Rules,
+from draftsmith.eval.monitor import (DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS, MonitorError, Rules,
                           Window, check_rules, metric_names, missing_metrics_message, recommendation, snapshot,
                           status)
 
@@ -112,8 +112,8 @@ def export_alerts(registry: LocalRegistry, name: str, ref: str = "production", o
     """
     import tempfile
 
-    from artifacts import write_text
-    from eval.alert_rules import check_rules_file, prometheus_rules, promtool_check, rules_yaml
+    from draftsmith.artifacts import write_text
+    from draftsmith.eval.alert_rules import check_rules_file, prometheus_rules, promtool_check, rules_yaml
 
     reference = promoted_reference(registry, name, ref)
     rules = Rules(reference=reference["acceptance_rate"], margin=margin, min_acceptance=min_acceptance,

@@ -19,8 +19,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from decode.errors import ConfigError, UserError
-from decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer, require_gguf
+from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer, require_gguf
 
 PACKAGE_PREFIX = "package:"
 # Packages whose install command is known (their declared dependencies are not needed by draftsmith).
@@ -64,7 +64,7 @@ def materialize(path: str | Path, root: str | Path, dtype: str = "float32", role
     """
     import torch
 
-    from artifacts import atomic_dir, write_json
+    from draftsmith.artifacts import atomic_dir, write_json
 
     path = require_gguf(path, role)
     digest = file_digest(path)
@@ -117,8 +117,8 @@ def layer_draft(target: str, n_layers: int, cache: Path, log=print) -> str:
     import torch
     from transformers import AutoConfig
 
-    from artifacts import atomic_dir, write_json
-    from decode.pair import load_model, load_tokenizer
+    from draftsmith.artifacts import atomic_dir, write_json
+    from draftsmith.decode.pair import load_model, load_tokenizer
 
     root = Path(target)
     if not (root / "config.json").is_file():

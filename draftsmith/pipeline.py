@@ -21,14 +21,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from artifacts import atomic_dir, write_json, write_text
-from decode.pair import PairError, load_tokenizer
+from draftsmith.artifacts import atomic_dir, write_json, write_text
+from draftsmith.decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
 from draftsmith.summary import summarize
 from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
-from eval.settings import DecodeSettings, EvalSettings
-from train.prompts import PromptError, PromptFormat, PromptSource
-from train.settings import DatagenSettings, TrainSettings
+from draftsmith.eval.settings import DecodeSettings, EvalSettings
+from draftsmith.train.prompts import PromptError, PromptFormat, PromptSource
+from draftsmith.train.settings import DatagenSettings, TrainSettings
 
 
 def config_hash(*parts) -> str:
@@ -122,7 +122,7 @@ class Pipeline:
         check_registry_target(registry, p.name, p.alias, target)
         prod = self.production()
         if prod is not None and self.cfg.eval.compare_production:
-            from decode.pair import check_tokenizers
+            from draftsmith.decode.pair import check_tokenizers
 
             path = Path(prod["path"]) / "draft"
             try:
@@ -137,7 +137,7 @@ class Pipeline:
         """eval.serving.engine: `vllm` must be importable by eval.serving.python (a one-line error with the
         install recipe otherwise, before any work); `auto` becomes vllm when it is, else none (the table
         then says how to turn the serving A/B on)."""
-        from decode.vllm import probe_vllm, require_vllm
+        from draftsmith.decode.vllm import probe_vllm, require_vllm
 
         serving = self.cfg.eval.serving
         if serving.engine == "vllm" and serving.url is None:
@@ -193,7 +193,7 @@ class Pipeline:
 
     # -- stages -----------------------------------------------------------------------------
     def datagen(self) -> None:
-        from train import datagen
+        from draftsmith.train import datagen
 
         cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
@@ -225,7 +225,7 @@ class Pipeline:
         self.log(f"draftsmith: datagen: {link} -> {out} (shared by the runs that use data.cache_dir={shared})")
 
     def train(self) -> None:
-        from train import trainer
+        from draftsmith.train import trainer
 
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
@@ -292,7 +292,7 @@ class Pipeline:
         if not self.cfg.data.prompts:
             raise ConfigError(f"stages={list(self.cfg.stages)} without a datagen output in {self.out} needs "
                               "data.prompts=FILE.jsonl (or .parquet, a folder, a HF dataset id) to evaluate on")
-        from train.prompts import prepare_prompts, read_prompts
+        from draftsmith.train.prompts import prepare_prompts, read_prompts
 
         d = self.cfg.data
         section = {"target": target, "data": {k: v for k, v in asdict(d).items() if k != "cache_dir"}}
@@ -314,7 +314,7 @@ class Pipeline:
         return {"prompts_file": str(out / "prompts.jsonl")}, {"eval_prompts": digest}
 
     def eval(self) -> None:
-        from eval import runner
+        from draftsmith.eval import runner
 
         cfg, out = self.cfg, self.out / "eval"
         target, _ = self.pair()
@@ -341,8 +341,8 @@ class Pipeline:
 
     def serving_ab(self, target: str, drafts: dict[str, str], prompts: dict, out: Path) -> None:
         """The serving A/B on vLLM (eval/serving.py) into ``DIR/eval/serving.json``, on the eval's prompts."""
-        from eval.runner import file_prompts, heldout_prompts
-        from eval.serving import report_section, run_serving_ab
+        from draftsmith.eval.runner import file_prompts, heldout_prompts
+        from draftsmith.eval.serving import report_section, run_serving_ab
 
         serving = self.cfg.eval.serving
         ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts

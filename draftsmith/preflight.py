@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from decode.errors import ConfigError
+from draftsmith.decode.errors import ConfigError
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -60,7 +60,7 @@ def check_registry_root(root: str) -> None:
 
 def check_pair(target: str, draft: str) -> None:
     """Target and draft tokenizers agree and their local weight files are whole (no model is loaded)."""
-    from decode.pair import check_tokenizers, check_weight_files, load_tokenizer
+    from draftsmith.decode.pair import check_tokenizers, check_weight_files, load_tokenizer
 
     check_tokenizers(load_tokenizer(target, "target"), load_tokenizer(draft, "draft"), target, draft)
     check_weight_files(target, "target")
@@ -71,7 +71,7 @@ def check_datagen_engine(data) -> None:
     """data.engine=vllm: the server at data.vllm.url answers, or vLLM is importable by data.vllm.python."""
     if data.engine != "vllm":
         return
-    from decode.vllm import http_get, require_vllm
+    from draftsmith.decode.vllm import http_get, require_vllm
 
     url = data.vllm.url
     if url is None:
@@ -97,7 +97,7 @@ def preflight(pipeline) -> None:
     if stages & {"train", "eval", "promote"}:
         check_pair(target, draft)
     else:
-        from decode.pair import check_weight_files, load_tokenizer
+        from draftsmith.decode.pair import check_weight_files, load_tokenizer
 
         load_tokenizer(target, "target")
         check_weight_files(target, "target")

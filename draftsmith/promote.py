@@ -47,9 +47,9 @@ from pathlib import Path
 from draftsmith.config import DraftsmithConfig
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, target_mismatch
-from eval.gates import decide
-from eval.runner import EvalError, load_metrics
-from eval.serving_stats import best_k_per_concurrency
+from draftsmith.eval.gates import decide
+from draftsmith.eval.runner import EvalError, load_metrics
+from draftsmith.eval.serving_stats import best_k_per_concurrency
 
 MEASURED = "measured in this eval"
 

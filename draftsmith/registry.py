@@ -42,8 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from artifacts import atomic_dir, write_json
-from decode.errors import UserError
+from draftsmith.artifacts import atomic_dir, write_json
+from draftsmith.decode.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -68,7 +68,7 @@ def fingerprint(draft_dir: str | Path) -> str:
 
 def speculative_config(draft_dir: str | Path, k: int) -> dict:
     """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens."""
-    from decode.vllm import speculative_config as vllm_config
+    from draftsmith.decode.vllm import speculative_config as vllm_config
 
     return vllm_config(str(Path(draft_dir).resolve()), k)
 
@@ -83,8 +83,8 @@ def target_identity(target: str | Path) -> dict:
     """
     from transformers.utils import cached_file
 
-    from artifacts import tokenizer_hash
-    from decode.pair import load_tokenizer
+    from draftsmith.artifacts import tokenizer_hash
+    from draftsmith.decode.pair import load_tokenizer
 
     local = Path(str(target)).expanduser()
     try:

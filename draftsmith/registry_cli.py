@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from decode.errors import UserError
+from draftsmith.decode.errors import UserError
 from draftsmith.registry import LocalRegistry, RegistryError, format_bands, format_versions
 
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_export_alerts(sub) -> None:
-    from eval.monitor import DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS
+    from draftsmith.eval.monitor import DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS
 
     p = sub.add_parser("export-alerts", help="Prometheus alerting rules for the served draft (thresholds from the "
                                              "promoted version's measurements)")

@@ -60,7 +60,7 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
         result["draft_vocab"] = metrics.get("draft_vocab")
     serving_path = out / "eval" / "serving.json"
     if serving_path.exists():
-        from eval.serving_stats import summary_lines
+        from draftsmith.eval.serving_stats import summary_lines
 
         serving = json.loads(serving_path.read_text())
         result["serving"] = {"lines": summary_lines(serving), "path": str(serving_path)}

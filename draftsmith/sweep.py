@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from artifacts import write_json
+from draftsmith.artifacts import write_json
 
 
 def _overrides(job_dir: Path) -> str:

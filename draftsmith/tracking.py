@@ -117,7 +117,7 @@ def log_eval(run: StageRun, metrics: dict) -> None:
     try:
         import wandb
 
-        from eval.runner import best_record
+        from draftsmith.eval.runner import best_record
 
         flat = {f"eval/{draft}/{key}": value for draft, summary in metrics["summary"].items()
                 for key, value in summary.items() if isinstance(value, (int, float))}

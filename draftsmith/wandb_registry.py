@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from artifacts import write_json
+from draftsmith.artifacts import write_json
 from draftsmith.tracking import model_artifact, wandb_mode
 
 PENDING = "wandb_pending_links.json"

@@ -27,8 +27,8 @@ import shutil
 import subprocess
 from typing import Optional
 
-from decode.errors import UserError
-from decode.vllm import SPEC_COUNTERS
+from draftsmith.decode.errors import UserError
+from draftsmith.decode.vllm import SPEC_COUNTERS
 
 DURATION_RE = re.compile(r"^(0|(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$")  # Prometheus model.Duration
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

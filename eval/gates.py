@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from decode.errors import ConfigError
+from draftsmith.decode.errors import ConfigError
 
 
 @dataclass

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from decode.errors import UserError
+from draftsmith.decode.errors import UserError
 
 
 class LoadError(UserError, RuntimeError):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from decode.stats import DecodeStats, SpeculativeStats
-from eval.theory import predicted_speedup
+from draftsmith.decode.stats import DecodeStats, SpeculativeStats
+from draftsmith.eval.theory import predicted_speedup
 
 
 @dataclass

@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from decode.errors import ConfigError, UserError
-from decode.vllm import SPEC_PREFIX, SpecCounters, series_delta, spec_series, sum_series
+from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.decode.vllm import SPEC_PREFIX, SpecCounters, series_delta, spec_series, sum_series
 
 DEFAULT_MARGIN = 0.05
 DEFAULT_MIN_ACCEPTANCE = 0.5  # the rule of thumb: below it speculation usually costs more than it saves

@@ -18,17 +18,17 @@ from pathlib import Path
 
 import torch
 
-from decode import autoregressive_generate, speculative_generate
-from artifacts import atomic_dir, provenance, write_json
-from decode.errors import UserError, check
-from decode.lean import logit_width
-from decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
-from decode.progress import progress
-from decode.timing import cost_ratios, mid_decode_context
-from decode.vocab import VOCAB_FILE, save_vocab
-from eval.settings import DecodeSettings, EvalSettings
-from eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
-from eval.vocab import datagen_vocab
+from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.artifacts import atomic_dir, provenance, write_json
+from draftsmith.decode.errors import UserError, check
+from draftsmith.decode.lean import logit_width
+from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
+from draftsmith.decode.progress import progress
+from draftsmith.decode.timing import cost_ratios, mid_decode_context
+from draftsmith.decode.vocab import VOCAB_FILE, save_vocab
+from draftsmith.eval.settings import DecodeSettings, EvalSettings
+from draftsmith.eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
+from draftsmith.eval.vocab import datagen_vocab
 
 SCHEMA_VERSION = 1
 
@@ -190,7 +190,7 @@ def run(cfg: EvalConfig) -> dict:
     "draft_vocab" (None, or with eval.draft_vocab: {"size", "source", "ranked_from_tokens", "heldout_coverage"};
     the ids in draft_vocab.json beside metrics.json), "provenance"}.
     """
-    from eval.report import write_report
+    from draftsmith.eval.report import write_report
 
     tokenizer = load_tokenizer(cfg.target, "target")
     target = load_model(cfg.target, "target", cfg.dtype, cfg.device)

@@ -31,12 +31,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from artifacts import write_json
-from decode.errors import ConfigError
-from decode.vllm import ServerSpec, SpecCounters, VllmServer, counters_delta, require_vllm, scrape_metrics
-from eval.load import LoadResult, run_load, served_model
-from eval.serving_stats import compare_reference, make_cell, summarize, summary_lines  # noqa: F401 (re-export)
-from eval.settings import ServingSettings
+from draftsmith.artifacts import write_json
+from draftsmith.decode.errors import ConfigError
+from draftsmith.decode.vllm import ServerSpec, SpecCounters, VllmServer, counters_delta, require_vllm, scrape_metrics
+from draftsmith.eval.load import LoadResult, run_load, served_model
+from draftsmith.eval.serving_stats import compare_reference, make_cell, summarize, summary_lines  # noqa: F401 (re-export)
+from draftsmith.eval.settings import ServingSettings
 
 SCHEMA_VERSION = 1
 Levels = list[tuple[str, float]]  # ("concurrency", 4) | ("request_rate", 2.0)
@@ -56,7 +56,7 @@ def requests_per_level(n_prompts: int, kind: str, level: float) -> int:
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool,
           log=print) -> dict[tuple[str, float], tuple[LoadResult, Optional[SpecCounters]]]:
     """Warm `url` up, then run every load level; -> {level: (load, spec counters over the level or None)}."""
-    from decode.vllm import VllmError
+    from draftsmith.decode.vllm import VllmError
 
     model = served_model(url)
     common = dict(ignore_eos=settings.ignore_eos, timeout_s=settings.request_timeout_s, seed=settings.seed)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from decode.vllm import SpecCounters
-from eval.load import LoadResult
+from draftsmith.decode.vllm import SpecCounters
+from draftsmith.eval.load import LoadResult
 
 
 def percentile(values, q: float) -> Optional[float]:

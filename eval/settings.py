@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from decode.errors import check, check_choice
-from decode.settings import BACKENDS
+from draftsmith.decode.errors import check, check_choice
+from draftsmith.decode.settings import BACKENDS
 
 
 @dataclass(kw_only=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from decode.errors import UserError
-from decode.vocab import coverage, frequency_vocab
+from draftsmith.decode.errors import UserError
+from draftsmith.decode.vocab import coverage, frequency_vocab
 
 
 class DraftVocabError(UserError, ValueError):

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decode.pair import load_model, load_tokenizer  # noqa: E402
+from draftsmith.decode.pair import load_model, load_tokenizer  # noqa: E402
 from draftsmith.demo import build_demo_target, demo_prompts  # noqa: E402
-from train.datagen import DatagenConfig, generate_all, target_eos_ids  # noqa: E402
+from draftsmith.train.datagen import DatagenConfig, generate_all, target_eos_ids  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
 def compare_engines(args, target, tokenizer, model, prompts) -> dict:
     """The datagen engines on the same prompts, greedy: tokens/s (median over interleaved repeats), the vLLM / HF
     ratio, identical completions and the top-k log-prob difference; prints and returns the JSON."""
-    from train import datagen_vllm
+    from draftsmith.train import datagen_vllm
 
     cfg = DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, top_k_logprobs=args.top_k_logprobs,

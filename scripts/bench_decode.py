@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
-from decode.cache import CachedModel  # noqa: E402
-from decode.lean import LeanModel  # noqa: E402
-from decode.timing import cost_ratios, mid_decode_context  # noqa: E402
-from eval.metrics import acceptance_summary  # noqa: E402
-from eval.runner import hf_assisted_generate  # noqa: E402
-from eval.theory import predicted_speedup  # noqa: E402
+from draftsmith.decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from draftsmith.decode.cache import CachedModel  # noqa: E402
+from draftsmith.decode.lean import LeanModel  # noqa: E402
+from draftsmith.decode.timing import cost_ratios, mid_decode_context  # noqa: E402
+from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
+from draftsmith.eval.runner import hf_assisted_generate  # noqa: E402
+from draftsmith.eval.theory import predicted_speedup  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decode import autoregressive_generate, speculative_generate  # noqa: E402
-from decode.pair import load_model  # noqa: E402
-from decode.timing import cost_ratios, mid_decode_context  # noqa: E402
-from eval.metrics import acceptance_summary  # noqa: E402
-from eval.runner import heldout_prompts  # noqa: E402
-from eval.vocab import datagen_vocab  # noqa: E402
+from draftsmith.decode import autoregressive_generate, speculative_generate  # noqa: E402
+from draftsmith.decode.pair import load_model  # noqa: E402
+from draftsmith.decode.timing import cost_ratios, mid_decode_context  # noqa: E402
+from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
+from draftsmith.eval.runner import heldout_prompts  # noqa: E402
+from draftsmith.eval.vocab import datagen_vocab  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
-from eval.metrics import acceptance_summary  # noqa: E402
-from eval.serving import run_serving_ab  # noqa: E402
-from eval.settings import ServingSettings  # noqa: E402
+from draftsmith.decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
+from draftsmith.eval.serving import run_serving_ab  # noqa: E402
+from draftsmith.eval.settings import ServingSettings  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,7 +84,7 @@ def own_loop(pair, prompts: list[torch.Tensor], k_grid: list[int], max_tokens: i
 def median_serving(runs: list[dict]) -> dict:
     """One serving result from repeated A/Bs: per cell, medians of throughput, TTFT/TPOT and speedup (each run's
     speedup kept), outputs equal only if equal in every run; boundary and best K recomputed from the medians."""
-    from eval.serving_stats import summarize
+    from draftsmith.eval.serving_stats import summarize
 
     if len(runs) == 1:
         return runs[0]

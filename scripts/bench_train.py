@@ -23,7 +23,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftsmith.demo import DraftSpec, build_demo_target, demo_prompts, make_model  # noqa: E402
-from train import datagen, trainer  # noqa: E402
+from draftsmith.train import datagen, trainer  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -11,12 +11,12 @@ import importlib.util, json, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
-from train import trainer as new
-from train.data import collate
-from train.datagen import load_output
+from draftsmith.train import trainer as new
+from draftsmith.train.data import collate
+from draftsmith.train.datagen import load_output
 spec = importlib.util.spec_from_file_location("old_trainer", sys.argv[3])
 old = importlib.util.module_from_spec(spec); sys.modules["old_trainer"] = old; spec.loader.exec_module(old)
-from decode.pair import load_model
+from draftsmith.decode.pair import load_model
 ds, _ = load_output(sys.argv[2])
 rows = [ds["train"][i] for i in range(64)]
 model = load_model(sys.argv[1], "draft", "float32", "cpu"); model.train()

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from decode import autoregressive_generate, speculative_generate  # noqa: E402
+from draftsmith.decode import autoregressive_generate, speculative_generate  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

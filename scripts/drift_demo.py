@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode.errors import UserError  # noqa: E402
+from draftsmith.decode.errors import UserError  # noqa: E402
 from draftsmith.demo import DOMAIN_PACKAGES, demo_prompts  # noqa: E402
 
 # The shifted traffic: the pydoc help topics (pydoc_data/topics.py: English prose about Python) instead of code.
@@ -219,9 +219,9 @@ def deltas(phases: dict[str, dict], after: str = "after") -> dict:
 def watch_phase(url: str, rules, retrain: str | None, load_fn, interval: float, jsonl, phase: str) -> tuple:
     """Run `load_fn` while a :class:`Monitor` polls `url` every `interval` s (first poll before the load, last
     after it); each record goes to `jsonl` with its phase. Returns (records, load result, counters, wall_s)."""
-    from decode.vllm import counters_delta, scrape_metrics
+    from draftsmith.decode.vllm import counters_delta, scrape_metrics
     from draftsmith.monitor_cli import Monitor
-    from eval.monitor import recommendation
+    from draftsmith.eval.monitor import recommendation
 
     def poll():
         record = monitor.poll()
@@ -259,9 +259,9 @@ def serve_phases(args, work: Path, label: str, reference: dict, target: str, spe
                  plan: list[tuple[str, list[list[int]]]], jsonl) -> tuple[dict, dict]:
     """Serve `target` with the draft of `reference` (the registry's draft dir; K from its `spec_config`) and run
     each (phase, prompts) of `plan` under the monitor. Returns ({phase name: summary}, {"command", "startup_s"})."""
-    from decode.vllm import ServerSpec, VllmServer
-    from eval.load import run_load, served_model
-    from eval.monitor import Rules
+    from draftsmith.decode.vllm import ServerSpec, VllmServer
+    from draftsmith.eval.load import run_load, served_model
+    from draftsmith.eval.monitor import Rules
 
     rules = Rules(reference=reference["acceptance_rate"], margin=args.margin, min_acceptance=args.min_acceptance,
                   reference_label=f"{reference['ref']} v{reference['version']}'s")
@@ -373,8 +373,8 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
 
 
 def main(argv=None) -> dict:
-    from decode.pair import load_tokenizer
-    from decode.vllm import INSTALL_HINT, probe_vllm, vllm_python
+    from draftsmith.decode.pair import load_tokenizer
+    from draftsmith.decode.vllm import INSTALL_HINT, probe_vllm, vllm_python
     from draftsmith.registry import LocalRegistry
 
     args = parse_args(argv)

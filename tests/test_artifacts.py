@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import make_tokenizer
-from artifacts import atomic_dir, tokenizer_hash, write_json
+from draftsmith.artifacts import atomic_dir, tokenizer_hash, write_json
 
 
 def test_atomic_dir_creates_and_replaces(tmp_path):

@@ -20,7 +20,7 @@ def test_records_are_chat_messages_about_public_stdlib_items(tmp_path):
 
 
 def test_written_file_is_read_with_the_chat_template(tmp_path, tokenizer):
-    from train.prompts import PromptSource, read_prompts
+    from draftsmith.train.prompts import PromptSource, read_prompts
 
     path = write_stdlib_chat_prompts(tmp_path / "p.jsonl", 5)
     assert [json.loads(line) for line in path.read_text().splitlines()] == stdlib_chat_records(5)

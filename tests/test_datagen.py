@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_model, make_tokenizer
-from train.datagen import DatagenConfig, generate_all, load_output, run
-from train.prompts import PromptError, PromptSource, in_heldout, prepare_prompts, read_prompts
+from draftsmith.train.datagen import DatagenConfig, generate_all, load_output, run
+from draftsmith.train.prompts import PromptError, PromptSource, in_heldout, prepare_prompts, read_prompts
 
 
 @pytest.fixture(scope="module")

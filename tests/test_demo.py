@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from decode import load_pair, speculative_generate
+from draftsmith.decode import load_pair, speculative_generate
 from draftsmith.demo import (
     DOMAIN_PACKAGES,
     PRESETS,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import make_model, perturbed_copy
-from decode import autoregressive_generate, speculative_generate
-from decode.lean import LeanModel, make_runner
-from decode.vocab import RestrictedRunner, coverage, frequency_vocab, load_vocab, save_vocab
+from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.decode.lean import LeanModel, make_runner
+from draftsmith.decode.vocab import RestrictedRunner, coverage, frequency_vocab, load_vocab, save_vocab
 from stubs import random_table, scripted
 from test_pipeline import pair as pair  # noqa: F401  (the tiny model pair fixture)
 from test_sampling_distribution import PROMPT, V, chi_square_p, exact_first, sample_first, tv

@@ -15,8 +15,8 @@ from test_pipeline import pair, run_cli, tiny_args  # noqa: F401  (pair is a fix
 
 from draftsmith.demo import DOMAIN_PACKAGES, in_domain, stdlib_files, train_tokenizer
 from draftsmith.monitor_cli import promoted_reference
-from eval.load import LoadResult, RequestResult
-from eval.monitor import Rules
+from draftsmith.eval.load import LoadResult, RequestResult
+from draftsmith.eval.monitor import Rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import drift_demo  # noqa: E402

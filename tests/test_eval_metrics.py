@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from decode.stats import DecodeStats, SpeculativeStats
-from eval.metrics import best_k, cell_record, slowdown_warning
-from eval.theory import predicted_speedup
+from draftsmith.decode.stats import DecodeStats, SpeculativeStats
+from draftsmith.eval.metrics import best_k, cell_record, slowdown_warning
+from draftsmith.eval.theory import predicted_speedup
 
 
 def spec_stats(rounds, k=3):
@@ -94,7 +94,7 @@ def test_report_names_each_acceptance_quantity_once(tmp_path):
     """report.md: "acceptance rate" is accepted / drafted, "token acceptance α" accepted / tested; no bare α column."""
     from dataclasses import asdict
 
-    from eval.report import LEGEND, write_report
+    from draftsmith.eval.report import LEGEND, write_report
 
     rec = cell_record(3, 0.0, [plain_stats(6, 4.0)], [spec_stats([(3, 3), (3, 1)])], 0.1, 1.2, outputs_equal=[True])
     summary = {"best_k": 3, "temperature": 0.0, "speedup": rec.speedup, "acceptance_rate": rec.acceptance_rate,

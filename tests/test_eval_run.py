@@ -5,10 +5,10 @@ import json
 import pytest
 
 from conftest import make_model, perturbed_copy
-from decode.errors import ConfigError
-from eval.runner import EvalConfig, EvalError, load_metrics, run
-from train.datagen import DatagenConfig
-from train.datagen import run as run_datagen
+from draftsmith.decode.errors import ConfigError
+from draftsmith.eval.runner import EvalConfig, EvalError, load_metrics, run
+from draftsmith.train.datagen import DatagenConfig
+from draftsmith.train.datagen import run as run_datagen
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

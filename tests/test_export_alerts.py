@@ -12,7 +12,7 @@ import yaml
 from monitor_fakes import make_registry
 
 from draftsmith import registry_cli
-from eval.alert_rules import AlertRulesError, acceptance_expr, check_rules_file, prometheus_rules, rules_yaml
+from draftsmith.eval.alert_rules import AlertRulesError, acceptance_expr, check_rules_file, prometheus_rules, rules_yaml
 
 CELLS = [{"draft": "trained", "k": 2, "concurrency": 4, "acceptance_rate": 0.8},
          {"draft": "trained", "k": 2, "concurrency": 1, "acceptance_rate": 0.9}]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eval.gates import Gates, decide
+from draftsmith.eval.gates import Gates, decide
 
 GOOD = {"best_k": 4, "speedup": 1.5, "acceptance_rate": 0.7, "greedy_match": 1.0}
 

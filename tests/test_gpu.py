@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_model, perturbed_copy, prompts
-from decode import autoregressive_generate, speculative_generate
+from draftsmith.decode import autoregressive_generate, speculative_generate
 
 
 @pytest.mark.gpu
@@ -25,8 +25,8 @@ def test_greedy_matches_on_cuda(backend):
 def test_lean_logits_match_hf_logits_on_cuda():
     """Off CPU the lean forward multiplies blocks as nn.Linear does; CUDA's SDPA may still pick other
     kernels than HF's call (GQA packing, causal flag vs mask), so: equal up to float rounding."""
-    from decode.cache import CachedModel
-    from decode.lean import LeanModel
+    from draftsmith.decode.cache import CachedModel
+    from draftsmith.decode.lean import LeanModel
 
     model = make_model("qwen2", seed=0).to("cuda")
     ids = torch.randint(4, 40, (1, 30), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

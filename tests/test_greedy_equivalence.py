@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import make_model, perturbed_copy, prompts
-from decode import autoregressive_generate, speculative_generate
+from draftsmith.decode import autoregressive_generate, speculative_generate
 
 N_PROMPTS, MAX_NEW = 20, 20
 DRAFTS = ["same", "random", "partial"]

@@ -1,15 +1,26 @@
-"""Imports point one way (docs/ARCHITECTURE.md): decode <- train, decode <- eval, draftsmith above all.
+"""The house's rules, read from the source with `ast` (lazy imports inside functions count too).
 
-Read from the source with `ast`, so lazy imports inside functions count too.
+- One import name: every module is imported as ``draftsmith.<room>``; a bare ``import decode`` (which works
+  from the repository root only, and loads a second copy of every module) is refused everywhere.
+- Imports point one way (docs/ARCHITECTURE.md): the ground floor (artifacts, decode, serve), the stage rooms
+  above it (train, eval, monitor) that never import each other, the spine (draftsmith/) on top.
 """
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("artifacts", "decode", "train", "eval", "draftsmith")
-ALLOWED = {"artifacts": {"artifacts"}, "decode": {"decode"}, "train": {"artifacts", "decode", "train"},
-           "eval": {"artifacts", "decode", "eval"}, "draftsmith": set(PACKAGES)}
+SPINE = "draftsmith"
+ROOMS = ("artifacts", "decode", "serve", "train", "eval", "monitor", "conf")  # folders installed as draftsmith.<room>
+GROUND = {"artifacts", "decode", "serve"}
+ALLOWED = {  # room -> the rooms it may import (itself included)
+    "artifacts": {"artifacts"},
+    "decode": {"artifacts", "decode"},
+    "serve": {"artifacts", "decode", "serve"},
+    "train": GROUND | {"train"},
+    "eval": GROUND | {"eval"},
+    "monitor": GROUND | {"monitor"},
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -24,15 +35,47 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_packages_import_only_downwards():
+def room_of(name: str) -> str | None:
+    """The room a module name lives in: 'decode' for draftsmith.decode.loop, 'draftsmith' for the spine."""
+    parts = name.split(".")
+    if parts[0] != SPINE:
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else SPINE
+
+
+def sources() -> list[Path]:
+    """Every Python file of the repository that is ours (not a venv, not a build)."""
+    skip = {".git", "build", "dist"}
+    return sorted(p for p in ROOT.rglob("*.py") if not ({part for part in p.relative_to(ROOT).parts[:-1]} & skip
+                                                       or p.relative_to(ROOT).parts[0].startswith(".")))
+
+
+def test_the_sources_are_found():
+    """The checks below can fail: they see the rooms' files (an empty glob would pass anything)."""
+    files = {str(p.relative_to(ROOT)) for p in sources()}
+    assert {"decode/loop.py", "train/trainer.py", "eval/runner.py", "draftsmith/cli.py", "tests/conftest.py"} <= files
+    assert room_of("draftsmith.decode.loop") == "decode" and room_of("draftsmith.cli") == SPINE
+    assert room_of("decode.loop") is None
+
+
+def test_no_bare_import_of_a_room():
+    """`import decode` / `from eval.runner import ...` anywhere (code, tests, scripts) is a bug: it is our module
+    only when run from the repository root, and a second copy of it (two UserError classes) when it is."""
+    wrong = [f"{path.relative_to(ROOT)} imports {name}" for path in sources()
+             for name in imported_modules(path) if name.split(".")[0] in ROOMS]
+    assert not wrong, "import these as draftsmith.<room>:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_rooms_import_only_downwards():
     wrong = []
-    for package, allowed in ALLOWED.items():
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for room, allowed in ALLOWED.items():
+        for path in sorted((ROOT / room).rglob("*.py")):
             for name in imported_modules(path):
-                top = name.split(".")[0]
-                if top in PACKAGES and top not in allowed:
+                other = room_of(name)
+                if other is not None and other not in allowed:
                     wrong.append(f"{path.relative_to(ROOT)} imports {name}")
-    assert not wrong, "imports against the direction decode <- train/eval <- draftsmith:\n" + "\n".join(wrong)
+    assert not wrong, ("imports against the direction ground (artifacts, decode, serve) <- train/eval/monitor "
+                       "<- draftsmith:\n" + "\n".join(wrong))
 
 
 def test_tracking_does_not_import_the_wandb_registry_mirror():
@@ -41,9 +84,9 @@ def test_tracking_does_not_import_the_wandb_registry_mirror():
     assert "draftsmith.tracking" in imported_modules(ROOT / "draftsmith/wandb_registry.py")
 
 
-def test_stage_packages_never_import_hydra_or_wandb():
-    """decode, train and eval take dataclasses and return results; the spine does the Hydra and W&B parts."""
+def test_rooms_never_import_hydra_or_wandb():
+    """The rooms take dataclasses and return results; the spine does the Hydra and W&B parts."""
     wrong = [f"{path.relative_to(ROOT)} imports {name}"
-             for package in ("decode", "train", "eval") for path in sorted((ROOT / package).rglob("*.py"))
+             for room in ALLOWED for path in sorted((ROOT / room).rglob("*.py"))
              for name in imported_modules(path) if name.split(".")[0] in ("hydra", "omegaconf", "wandb")]
     assert not wrong, "\n".join(wrong)

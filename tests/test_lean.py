@@ -5,10 +5,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from conftest import make_model, perturbed_copy, prompts
-from decode import autoregressive_generate, speculative_generate
-from decode.cache import CachedModel
-from decode.lean import LeanModel, lean_unsupported, make_runner
-from decode.timing import cost_ratios
+from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.decode.cache import CachedModel
+from draftsmith.decode.lean import LeanModel, lean_unsupported, make_runner
+from draftsmith.decode.timing import cost_ratios
 
 V = 64
 

@@ -8,7 +8,7 @@ first round of two accepted drafts and a correction.
 import pytest
 import torch
 
-from decode import autoregressive_generate, loop, speculative_generate
+from draftsmith.decode import autoregressive_generate, loop, speculative_generate
 from stubs import random_table, scripted, share_journal
 
 V = 32

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from decode.verify import expected_acceptance
-from train.losses import (ce_per_position, divergence_per_position, forward_kl_per_position, jsd_per_position,
+from draftsmith.decode.verify import expected_acceptance
+from draftsmith.train.losses import (ce_per_position, divergence_per_position, forward_kl_per_position, jsd_per_position,
                           masked_mean, reverse_kl_per_position, topk_buckets, tvd_per_position)
 
 P = torch.tensor([0.5, 0.25, 0.25])
@@ -98,7 +98,7 @@ def test_topk_buckets_keep_the_tail_mass():
 
 
 def test_topk_uniform_tail_by_hand():
-    from train.losses import topk_uniform_tail
+    from draftsmith.train.losses import topk_uniform_tail
 
     ids = torch.tensor([[3, 0]])
     logp = torch.tensor([[0.5, 0.2]]).log()
@@ -109,7 +109,7 @@ def test_topk_uniform_tail_by_hand():
 def test_uniform_tail_penalises_a_student_that_piles_the_tail_on_one_token():
     """Bucketed KL cannot tell these students apart; the uniform-tail KL prefers the spread one,
     and the piled-up student's argmax is a tail token (what collapsed top-1 agreement)."""
-    from train.losses import topk_uniform_tail
+    from draftsmith.train.losses import topk_uniform_tail
 
     ids, logp = torch.tensor([[0]]), torch.tensor([[0.4]]).log()  # teacher: 0.4 on token 0, 0.6 in the tail
     spread = torch.tensor([[0.4, 0.15, 0.15, 0.15, 0.15]]).log()

@@ -14,11 +14,11 @@ import pytest
 from monitor_fakes import NOT_VLLM, PLAIN, RECORDED, ScriptedMetrics, make_registry, metrics_text
 from test_serving_vllm import vllm_info, vllm_python  # noqa: F401  (the same skip rule and interpreter)
 
-from decode.errors import ConfigError
-from decode.vllm import SpecCounters
+from draftsmith.decode.errors import ConfigError
+from draftsmith.decode.vllm import SpecCounters
 from draftsmith import monitor_cli
 from draftsmith.monitor_cli import base_url, promoted_reference
-from eval.monitor import (Rules, Window, WindowStats, check_rules, metric_names, missing_metrics_message,
+from draftsmith.eval.monitor import (Rules, Window, WindowStats, check_rules, metric_names, missing_metrics_message,
                           recommendation, snapshot, status, window_stats)
 
 T0 = metrics_text({"0": (100, 300, 150, [70, 50, 30])})
@@ -311,8 +311,8 @@ def test_readme_monitor_commands(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     from conftest import make_model, make_tokenizer, perturbed_copy, prompts
-    from decode.vllm import ServerSpec, VllmServer, counters_delta, scrape_metrics
-    from eval.load import run_load, served_model
+    from draftsmith.decode.vllm import ServerSpec, VllmServer, counters_delta, scrape_metrics
+    from draftsmith.eval.load import run_load, served_model
 
     tokenizer = make_tokenizer()
     target = make_model("llama", seed=0, hidden=128)  # as tests/test_serving_vllm.py: vLLM's smallest CPU head_dim

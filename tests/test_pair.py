@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import SPECIALS, WORDS, make_model, make_tokenizer
-from decode import PairError, load_pair, speculative_generate
-from decode.pair import check_tokenizers, load_model
+from draftsmith.decode import PairError, load_pair, speculative_generate
+from draftsmith.decode.pair import check_tokenizers, load_model
 
 
 def save(tmp_path, name, model, tokenizer):

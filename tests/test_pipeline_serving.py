@@ -78,7 +78,7 @@ def test_the_vllm_venv_in_the_working_directory_is_used_as_is(tmp_path, monkeypa
     import os
     import sys
 
-    from decode.vllm import vllm_python
+    from draftsmith.decode.vllm import vllm_python
 
     (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
     os.symlink(sys.executable, tmp_path / ".venv-vllm" / "bin" / "python")

@@ -3,7 +3,7 @@
 import io
 import logging
 
-from decode import progress as P
+from draftsmith.decode import progress as P
 
 
 class FakeTTY(io.StringIO):

@@ -21,7 +21,7 @@ from conftest import WORDS, make_tokenizer
 from draftsmith.config import DraftsmithConfig
 from draftsmith.promote import promote
 from draftsmith.registry import LocalRegistry, RegistryError, check_registry_target, fingerprint, target_identity
-from eval.runner import eval_set_id
+from draftsmith.eval.runner import eval_set_id
 
 EVAL_SET = "set-a"
 # (speedup, acceptance_rate, greedy_match) of the sweep's jobs; 2.5 and 1.7 fail a gate, so 1.92 must win

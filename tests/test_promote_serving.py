@@ -16,8 +16,8 @@ from test_promote_concurrent import EVAL_SET, config, fake_draft, fake_eval, fak
 from draftsmith import registry_cli
 from draftsmith.promote import k_bands, promote
 from draftsmith.registry import LocalRegistry, format_bands
-from eval.serving_stats import summarize
-from eval.settings import ServingSettings
+from draftsmith.eval.serving_stats import summarize
+from draftsmith.eval.settings import ServingSettings
 
 # speedup per (K, concurrency) of the candidate on vLLM: K=4 wins at 1, K=2 at 4, nothing pays at 16
 TABLE = {(2, 1): 1.9, (4, 1): 2.6, (2, 4): 1.3, (4, 4): 1.2, (2, 16): 0.80, (4, 16): 0.84}
@@ -221,7 +221,7 @@ def test_batch_1_candidate_is_compared_with_the_batch_1_figures_of_a_serving_pro
 
 # the gates on a serving summary (eval/gates.py) ----------------------------------------------------
 def test_off_fails_even_when_min_speedup_allows_one_and_skips_the_champion():
-    from eval.gates import Gates, decide
+    from draftsmith.eval.gates import Gates, decide
 
     serving = {"concurrency": 8, "best_speedup": 1.0, "best_speedup_k": 2, "outputs_unequal": []}
     off = {"best_k": 0, "speedup": 1.0, "acceptance_rate": 0.7, "greedy_match": 1.0, "serving": serving}

@@ -34,8 +34,8 @@ def smollm2(tmp_path_factory):
 def test_speculative_greedy_equals_plain_greedy_on_smollm2_with_a_two_layer_draft(smollm2):
     import torch
 
-    from decode import autoregressive_generate, speculative_generate
-    from decode.pair import load_model, load_tokenizer
+    from draftsmith.decode import autoregressive_generate, speculative_generate
+    from draftsmith.decode.pair import load_model, load_tokenizer
 
     target_dir, draft_dir = smollm2
     source = json.loads((Path(target_dir) / "gguf_source.json").read_text())

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from decode.sampling import apply_top_k, apply_top_p, check_sampling_args, logits_to_probs, sample
+from draftsmith.decode.sampling import apply_top_k, apply_top_p, check_sampling_args, logits_to_probs, sample
 
 NEG = float("-inf")
 

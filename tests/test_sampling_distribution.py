@@ -15,8 +15,8 @@ import torch
 from scipy import stats as sps
 
 from conftest import make_model
-from decode import autoregressive_generate, speculative_generate
-from decode.sampling import logits_to_probs
+from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.decode.sampling import logits_to_probs
 from stubs import random_table
 
 V = 8

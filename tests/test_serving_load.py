@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from eval.load import LoadError, request_body, run_load, served_model
-from eval.serving import run_serving_ab
-from eval.settings import ServingSettings
+from draftsmith.eval.load import LoadError, request_body, run_load, served_model
+from draftsmith.eval.serving import run_serving_ab
+from draftsmith.eval.settings import ServingSettings
 from serving_fakes import FakeServer, output_ids
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
@@ -106,7 +106,7 @@ def test_ab_reports_a_greedy_mismatch(tmp_path):
 
 
 def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
-    from decode.vllm import VllmError
+    from draftsmith.decode.vllm import VllmError
 
     settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=3, max_prompts=1, warmup=0)
     with FakeServer(ttft_s=0.01, tpot_s=0.001) as a, FakeServer(ttft_s=0.01, tpot_s=0.001) as b:
@@ -117,7 +117,7 @@ def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
 
 
 def test_ab_needs_engine_vllm(tmp_path):
-    from decode.errors import ConfigError
+    from draftsmith.decode.errors import ConfigError
 
     with pytest.raises(ConfigError, match="eval.serving.engine=vllm"):
         run_serving_ab(ServingSettings(), target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS, out_dir=tmp_path)

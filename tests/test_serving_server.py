@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-import decode.vllm as vllm
-from decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
-from eval.serving import run_serving_ab
-from eval.settings import ServingSettings
+import draftsmith.decode.vllm as vllm
+from draftsmith.decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+from draftsmith.eval.serving import run_serving_ab
+from draftsmith.eval.settings import ServingSettings
 from serving_fakes import alive, recorded_pids, write_fake_python
 
 

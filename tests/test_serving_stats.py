@@ -2,10 +2,10 @@
 
 import pytest
 
-from decode.errors import ConfigError
-from decode.vllm import SpecCounters, counters_delta, parse_spec_counters
-from eval.load import LoadResult, RequestResult
-from eval.serving_stats import (
+from draftsmith.decode.errors import ConfigError
+from draftsmith.decode.vllm import SpecCounters, counters_delta, parse_spec_counters
+from draftsmith.eval.load import LoadResult, RequestResult
+from draftsmith.eval.serving_stats import (
     best_k_per_concurrency,
     boundary,
     compare_outputs,
@@ -15,7 +15,7 @@ from eval.serving_stats import (
     summarize,
     summary_lines,
 )
-from eval.settings import ServingSettings
+from draftsmith.eval.settings import ServingSettings
 
 
 # -- percentiles and one side ---------------------------------------------------------------------

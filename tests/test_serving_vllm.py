@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_model, make_tokenizer, perturbed_copy, prompts
-from decode.vllm import probe_vllm
+from draftsmith.decode.vllm import probe_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,10 +33,10 @@ def vllm_info():
 def test_real_serving_ab_on_a_tiny_pair(vllm_info, tmp_path):
     import torch
 
-    from decode import autoregressive_generate
-    from eval.serving import run_serving_ab
-    from eval.serving_stats import summary_lines
-    from eval.settings import ServingSettings
+    from draftsmith.decode import autoregressive_generate
+    from draftsmith.eval.serving import run_serving_ab
+    from draftsmith.eval.serving_stats import summary_lines
+    from draftsmith.eval.settings import ServingSettings
 
     tokenizer = make_tokenizer()
     target = make_model("llama", seed=0, hidden=128)  # head_dim 32: the smallest vLLM's CPU attention takes

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_model
-from decode.timing import cost_ratios
-from eval.theory import expected_tokens_per_step, predicted_speedup
+from draftsmith.decode.timing import cost_ratios
+from draftsmith.eval.theory import expected_tokens_per_step, predicted_speedup
 
 
 def test_expected_tokens_by_hand():

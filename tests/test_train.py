@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import make_model, make_tokenizer
-from decode.errors import ConfigError, UserError
-from train import trainer
-from train.datagen import DatagenConfig
-from train.datagen import run as run_datagen
-from train.trainer import TrainConfig, TrainingError
+from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.train import trainer
+from draftsmith.train.datagen import DatagenConfig
+from draftsmith.train.datagen import run as run_datagen
+from draftsmith.train.trainer import TrainConfig, TrainingError
 
 
 def word_prompts(n, seed=0):
@@ -209,7 +209,7 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     path.write_text(json.dumps(dataclasses.asdict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                           "train.trainer", str(path)], capture_output=True, text=True, timeout=600, env=env)
+                           "draftsmith.train.trainer", str(path)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "train"
     metrics = json.loads((out / "train_metrics.json").read_text())

@@ -18,8 +18,8 @@ from packaging.specifiers import SpecifierSet
 from transformers import LlamaForCausalLM
 
 from conftest import make_model, perturbed_copy, prompts
-from decode import autoregressive_generate, speculative_generate
-from decode.cache import CachedModel
+from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.decode.cache import CachedModel
 
 # the keyword the installed LlamaForCausalLM takes its cache under
 NATIVE = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
@@ -71,7 +71,7 @@ def llama():
 
 
 def test_cache_keyword_follows_the_forward_signature():
-    from decode.cache import cache_arg  # absent before the fix
+    from draftsmith.decode.cache import cache_arg  # absent before the fix
 
     assert cache_arg(PastKeyValuesLlama) == "past_key_values"
     assert cache_arg(CacheLlama) == "cache"
@@ -121,7 +121,7 @@ def test_a_forward_that_drops_the_cache_raises_a_clear_error(llama):
 
 def test_declared_transformers_range_is_the_supported_one():
     """pyproject.toml declares the range decode/cache.py names in its error, and the installed release is in it."""
-    from decode.cache import SUPPORTED_TRANSFORMERS
+    from draftsmith.decode.cache import SUPPORTED_TRANSFORMERS
 
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     declared = re.search(r'"transformers([^"]*)"', pyproject).group(1)
@@ -131,7 +131,7 @@ def test_declared_transformers_range_is_the_supported_one():
 
 def test_ci_tests_the_lowest_declared_transformers():
     """The README's lowest-version command pins pyproject.toml's lower bound, and .ci/run runs it verbatim."""
-    from decode.cache import SUPPORTED_TRANSFORMERS
+    from draftsmith.decode.cache import SUPPORTED_TRANSFORMERS
 
     root = Path(__file__).resolve().parent.parent
     lowest = re.match(r">=([0-9.]+),", SUPPORTED_TRANSFORMERS).group(1)

@@ -2,7 +2,7 @@
 
 import torch
 
-from decode.verify import expected_acceptance, residual_distribution, verify_greedy, verify_sampling
+from draftsmith.decode.verify import expected_acceptance, residual_distribution, verify_greedy, verify_sampling
 
 
 def test_greedy_accepts_the_agreeing_prefix_and_corrects():

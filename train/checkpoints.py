@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from artifacts import write_json
-from decode.progress import quiet_logs
+from draftsmith.artifacts import write_json
+from draftsmith.decode.progress import quiet_logs
 
 
 def latest_checkpoint(out_dir: Path) -> tuple[Path, int] | None:

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from artifacts import atomic_dir, provenance, tokenizer_hash, write_json
-from decode.pair import load_model, load_tokenizer
-from decode.progress import progress
-from decode.errors import UserError, check
-from train.prompts import PromptError, prepare_prompts, read_prompts
-from train.settings import DatagenSettings
+from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from draftsmith.decode.pair import load_model, load_tokenizer
+from draftsmith.decode.progress import progress
+from draftsmith.decode.errors import UserError, check
+from draftsmith.train.prompts import PromptError, prepare_prompts, read_prompts
+from draftsmith.train.settings import DatagenSettings
 
 SCHEMA_VERSION = 1
 
@@ -145,7 +145,7 @@ def generate_splits(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[
     """Every split's rows from the configured engine -> (rows per split, generate seconds, the manifest's engine
     record, log files for the output). The engine's start-up (model load, vLLM server) is outside the seconds."""
     if cfg.engine == "vllm":
-        from train import datagen_vllm
+        from draftsmith.train import datagen_vllm
 
         eos = target_eos_ids(cfg.target, tokenizer)
         log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from decode.progress import progress
-from decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
-from train.datagen import trim_at_eos
+from draftsmith.decode.progress import progress
+from draftsmith.decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+from draftsmith.train.datagen import trim_at_eos
 
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 TOKEN_ID_PREFIX = "token_id:"  # the keys of top log-probs with return_tokens_as_token_ids

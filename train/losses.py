@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from train.settings import LOSSES  # noqa: F401 - the names divergence_per_position accepts
+from draftsmith.train.settings import LOSSES  # noqa: F401 - the names divergence_per_position accepts
 
 
 def _kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from decode.errors import check, check_choice
-from train.prompts import PromptFormat, PromptSource
+from draftsmith.decode.errors import check, check_choice
+from draftsmith.train.prompts import PromptFormat, PromptSource
 
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
 ENGINES = ("hf", "vllm")

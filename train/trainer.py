@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from artifacts import atomic_dir, provenance, tokenizer_hash, write_json
-from decode.errors import UserError, check
-from decode.pair import check_tokenizers, load_model, load_tokenizer
-from train.checkpoints import latest_checkpoint, save_checkpoint
-from train.data import Batch, batch_indices, collate
-from train.settings import TrainSettings
-from train.losses import (ce_per_position, divergence_per_position, masked_mean, topk_buckets,
+from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from draftsmith.decode.errors import UserError, check
+from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
+from draftsmith.train.checkpoints import latest_checkpoint, save_checkpoint
+from draftsmith.train.data import Batch, batch_indices, collate
+from draftsmith.train.settings import TrainSettings
+from draftsmith.train.losses import (ce_per_position, divergence_per_position, masked_mean, topk_buckets,
                           topk_uniform_tail)
 
 
@@ -45,7 +45,7 @@ class TrainingError(UserError, RuntimeError):
 class TrainConfig(TrainSettings):
     """A train run: the settings plus what the pipeline wires in (data, draft, target, output, tracking).
 
-    ``accelerate launch -m train.trainer train.json`` reads these fields from a JSON file.
+    ``accelerate launch -m draftsmith.train.trainer train.json`` reads these fields from a JSON file.
     """
 
     data_dir: str  # a datagen output directory
@@ -287,9 +287,9 @@ def run(cfg: TrainConfig) -> dict:
     """Train the draft; returns the metrics written to ``train_metrics.json``."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from decode.progress import progress, quiet_logs
+    from draftsmith.decode.progress import progress, quiet_logs
 
-    from train.datagen import load_output
+    from draftsmith.train.datagen import load_output
 
     out_dir = Path(cfg.out_dir)
     ds, manifest = load_output(cfg.data_dir)
@@ -434,7 +434,7 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m train.trainer CONFIG.json``: the train stage from a JSON TrainConfig.
+    """``python -m draftsmith.train.trainer CONFIG.json``: the train stage from a JSON TrainConfig.
 
     The form to start under ``torchrun --nproc_per_node N`` or ``accelerate launch``.
     """
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m train.trainer CONFIG.json  (fields of train.trainer.TrainConfig)")
+        raise SystemExit("usage: python -m draftsmith.train.trainer CONFIG.json  (fields of draftsmith.train.trainer.TrainConfig)")
     run(TrainConfig(**json.loads(Path(args[0]).read_text())))
 
 
