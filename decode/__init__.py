@@ -2,7 +2,7 @@
 and a lean cached forward for Llama-family models (decode/lean.py).
 
 No hydra, no wandb: plain functions on models and tensors. The names below are imported on first
-use, so that light modules of this package (``decode.errors``, ``decode.settings``) load without
+use, so that light modules of this package (``draftsmith.artifacts.errors``, ``decode.settings``) load without
 torch (the command line and config schemas import them).
 """
 

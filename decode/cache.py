@@ -9,7 +9,7 @@ instead of decoding without it. ``DynamicCache.crop(-n)`` drops the last n posit
 forward continues at the right position without any bookkeeping here.
 
 This is the "hf" backend of the decode loops: any causal LM. decode/lean.py holds the "lean" one
-(Llama-family models, same interface) and the choice between them.
+(Llama-family models, same interface), decode/runners.py the interface and the choice between them.
 """
 
 from __future__ import annotations

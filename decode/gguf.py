@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.errors import UserError
 
 GGUF_HINT = "install the gguf package: pip install gguf"
 
@@ -91,7 +91,7 @@ def _quiet_reader_bar():
     """Within the block, transformers' GGUF tensor reader draws no bar when transformers' bars are off.
 
     The reader (``modeling_gguf_pytorch_utils``) calls tqdm itself, which ``disable_progress_bar()``
-    (:func:`decode.progress.quiet_library_bars`, for non-interactive logs) does not reach.
+    (:func:`draftsmith.artifacts.progress.quiet_library_bars`, for non-interactive logs) does not reach.
     """
     from transformers.utils import logging as hf_logging
 

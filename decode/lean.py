@@ -16,8 +16,7 @@ the plain ones (``nn.Linear`` projections: no LoRA wrapper, no quantized layers,
 hooks) and whose attention is full (no active sliding window). :func:`lean_unsupported` says why
 any other model is not covered; ``backend="auto"`` then falls back to :class:`~decode.cache.CachedModel`.
 
-Both runners expose the same small interface: ``forward(input_ids [1, T], keep) -> logits
-[keep, V]`` after the cached prefix, ``crop(length)``, ``len()`` and a ``forwards`` counter.
+It is one of the two runners of decode/runners.py (the runner interface, and the choice between them).
 """
 
 from __future__ import annotations
@@ -25,10 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decode.cache import CachedModel
-from draftsmith.decode.errors import ConfigError
-from draftsmith.decode.settings import BACKENDS  # the choices of make_runner's backend
-from draftsmith.decode.vocab import RestrictedRunner, check_vocab, scatter_logits
+from draftsmith.artifacts.errors import ConfigError
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -76,6 +72,11 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     if type(head) is not torch.nn.Linear:
         return f"output head {type(head).__name__}, not a plain nn.Linear"
     return None
+
+
+def unsupported_error(reason: str) -> ConfigError:
+    """The error for a model the lean forward does not cover (`reason` from :func:`lean_unsupported`)."""
+    return ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -141,27 +142,27 @@ class LeanModel:
         capacity: positions to preallocate (prompt + new tokens + k + 1 for a decode); the
             buffers double when a forward needs more.
         check: run :func:`lean_unsupported` (False only where the caller just did, as make_runner).
-        vocab: optional sorted LongTensor of token ids: the head then computes only those rows (a
-            copy of them, made once) and the logits are -inf at every other id (decode/vocab.py).
+        rows: optional sorted, distinct LongTensor of head rows (token ids, checked by the caller:
+            decode/runners.py): the head then computes only those rows (a copy of them, made once) and
+            ``forward`` returns logits [keep, len(rows)] over them, in that order.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int = 256, check: bool = True,
-                 vocab: torch.Tensor | None = None):
+                 rows: torch.Tensor | None = None):
         reason = lean_unsupported(model) if check else None
         if reason is not None:
-            raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
+            raise unsupported_error(reason)
         self.model = model
         inner = model.model
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.head = _linear(model.get_output_embeddings())
-        self.width = self.head[0].shape[0]
-        self.vocab = None
-        if vocab is not None:  # a reduced head: the kept rows, contiguous, so the product streams only them
-            self.vocab = check_vocab(vocab, self.width).to(self.embed.device)
+        self.rows = None
+        if rows is not None:  # a reduced head: the kept rows, contiguous, so the product streams only them
+            self.rows = rows.to(self.embed.device)
             weight, bias = self.head
-            self.head = (weight[self.vocab].contiguous(), None if bias is None else bias[self.vocab].contiguous())
+            self.head = (weight[self.rows].contiguous(), None if bias is None else bias[self.rows].contiguous())
         self.rotary = inner.rotary_emb
         # CPU: multi-token blocks as W @ x^T (see _linear_block); elsewhere exactly nn.Linear's product
         self.block_as_weight_product = self.embed.device.type == "cpu"
@@ -197,7 +198,8 @@ class LeanModel:
         self.length = min(self.length, length)
 
     def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Run `input_ids` [1, T] after the cached prefix; return logits [keep, V] of the last `keep` positions."""
+        """Run `input_ids` [1, T] after the cached prefix; return logits [keep, V] (or [keep, len(rows)]) of the last
+        `keep` positions."""
         t = input_ids.shape[1]
         start, end = self.length, self.length + t
         if end > self.capacity:
@@ -232,38 +234,5 @@ class LeanModel:
         self.length = end
         self.forwards += 1
         head = _linear_block if keep > 1 and self.block_as_weight_product else F.linear
-        logits = head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(vocab)])
-        return logits if self.vocab is None else scatter_logits(logits, self.vocab, self.width)
+        return head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(rows)])
 
-
-def make_runner(model: torch.nn.Module, backend: str = "auto", capacity: int = 256,
-                vocab: torch.Tensor | None = None) -> LeanModel | CachedModel | RestrictedRunner:
-    """The cached-forward runner for `model`: "lean" (:class:`LeanModel`, an error if it does not
-    cover the model), "hf" (the model's own forward with a ``DynamicCache``) or "auto" (lean when
-    covered, else hf). With `vocab` (token ids), logits are -inf outside those ids: the lean
-    forward computes only their head rows; the hf one masks its full logits (same values, no saving)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-    def hf() -> CachedModel | RestrictedRunner:
-        runner = CachedModel(model)
-        return runner if vocab is None else RestrictedRunner(runner, check_vocab(vocab, logit_width(model)))
-
-    if backend == "hf":
-        return hf()
-    reason = lean_unsupported(model)  # walks every module: done once per runner
-    if reason is None:
-        return LeanModel(model, capacity, check=False, vocab=vocab)
-    if backend == "auto":
-        return hf()
-    raise ConfigError(f"the lean forward does not cover this model: {reason}; use backend='hf' (decode.backend=hf)")
-
-
-def logit_width(model: torch.nn.Module) -> int:
-    """Number of logits the model produces (rows of its output embedding)."""
-    return model.get_output_embeddings().weight.shape[0]
-
-
-def runner_name(runner: LeanModel | CachedModel | RestrictedRunner) -> str:
-    """'lean' or 'hf'."""
-    return "lean" if isinstance(runner, LeanModel) else "hf"

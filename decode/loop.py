@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from draftsmith.decode.lean import logit_width, make_runner, runner_name
+from draftsmith.decode.runners import logit_width, make_runner, runner_name
 from draftsmith.decode.sampling import check_sampling_args, logits_to_probs, sample
 from draftsmith.decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
 from draftsmith.decode.verify import expected_acceptance, verify_greedy, verify_sampling
@@ -98,9 +98,10 @@ def autoregressive_generate(
             positions are dropped.
         max_new_tokens: exact cap on new tokens. eos_token_id: stop after the first of these.
         temperature / top_p / top_k: 0 temperature is greedy. generator: source of every draw.
-        backend: how the model's cached forward runs: "lean" (:class:`decode.lean.LeanModel`,
-            Llama-family models), "hf" (the model's own forward) or "auto" (lean when it covers
-            the model). Both compute the same logits; lean skips HF's per-call overhead.
+        backend: how the model's cached forward runs (decode/runners.py): "lean"
+            (:class:`decode.lean.LeanModel`, Llama-family models), "hf" (the model's own forward)
+            or "auto" (lean when it covers the model). Both compute the same logits; lean skips
+            HF's per-call overhead.
     Returns:
         GenerateOutput with ``sequences`` = input_ids + new tokens and :class:`DecodeStats`.
     """

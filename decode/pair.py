@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.errors import UserError
+from draftsmith.decode.eos import eos_token_id
 from draftsmith.decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
+from draftsmith.decode.runners import logit_width
 
 
 class PairError(UserError, ValueError):
@@ -34,10 +36,8 @@ class ModelPair:
 
     @property
     def eos_token_id(self) -> int | list[int] | None:
-        """EOS id(s) from the target's generation config, else the tokenizer's."""
-        gen = getattr(self.target, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        return eos if eos is not None else self.tokenizer.eos_token_id
+        """EOS id(s) from the target's generation config, else the tokenizer's (decode/eos.py)."""
+        return eos_token_id(getattr(self.target, "generation_config", None), self.tokenizer)
 
 
 def _special_tokens(tok: PreTrainedTokenizerBase) -> dict[str, object]:
@@ -83,7 +83,7 @@ def check_tokenizers(
 
 def check_embedding_width(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
     """The model must have a logit for every token of the tokenizer (a wider, padded table is fine)."""
-    width = model.get_output_embeddings().weight.shape[0]
+    width = logit_width(model)
     if width < len(tokenizer):
         raise PairError(
             f"{name!r} has {width} output logits but its tokenizer has {len(tokenizer)} tokens; "

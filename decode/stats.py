@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from draftsmith.decode.acceptance import AcceptanceCounts
+
 
 @dataclass
 class DecodeStats:
@@ -22,7 +24,7 @@ class DecodeStats:
             (both loops take the first token from the target's prefill: prefill_s == ttft_s).
         ttft_s: wall time from the call to the first new token being known.
         total_s: wall time of the whole call.
-        backend: which cached forward ran the target: "lean" or "hf" (see decode/lean.py).
+        backend: which cached forward ran the target: "lean" or "hf" (see decode/runners.py).
     """
 
     new_tokens: int = 0
@@ -86,11 +88,19 @@ class SpeculativeStats(DecodeStats):
     draft_backend: str = "hf"
     overlap_sum: float | None = None  # sampling only: sum over drafted positions of sum_x min(p(x), q(x))
 
+    def counts(self) -> AcceptanceCounts:
+        """The acceptance counts of this decode (decode/acceptance.py derives every figure from them)."""
+        return AcceptanceCounts(
+            drafted=self.drafted, accepted=self.accepted, rounds=self.rounds, round_tokens=self.round_tokens,
+            rejected=self.rejected, drafted_per_position=list(self.drafted_per_position),
+            accepted_per_position=list(self.accepted_per_position), overlap_sum=self.overlap_sum,
+        )
+
     @property
     def acceptance_rate(self) -> float:
         """Acceptance rate = accepted / drafted (0 when nothing was drafted); the α of the speedup formula is
         token acceptance (accepted / tested, eval.metrics)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.counts().figures(undefined=0.0)["acceptance_rate"]
 
     @property
     def token_acceptance(self) -> float:
@@ -99,15 +109,12 @@ class SpeculativeStats(DecodeStats):
         This is the alpha of the speedup formula (Leviathan et al. 2023). `acceptance_rate` is lower
         because it also counts the drafted tokens after a rejection, which are never tested.
         """
-        tested = self.accepted + self.rejected
-        return self.accepted / tested if tested else 0.0
+        return self.counts().figures(undefined=0.0)["token_acceptance"]
 
     @property
     def expected_acceptance(self) -> float | None:
         """Mean sum_x min(p, q) over drafted positions (= 1 - TV); sampling mode only, else None."""
-        if self.overlap_sum is None:
-            return None
-        return self.overlap_sum / self.drafted if self.drafted else 0.0
+        return self.counts().figures(undefined=0.0)["expected_acceptance"]  # None: overlap_sum is None
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -118,12 +125,12 @@ class SpeculativeStats(DecodeStats):
         (eval/theory.py) is per verification round; counting them would pull tau towards 1 on
         short outputs.
         """
-        return self.round_tokens / self.rounds if self.rounds else 0.0
+        return self.counts().figures(undefined=0.0)["mean_accepted_tokens"]
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """P(draft token i accepted | it was drafted), i = 1..k."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        """P(draft token i accepted | it was drafted), i = 1..k (0 at a position never drafted)."""
+        return self.counts().figures(undefined=0.0)["per_position_acceptance"]
 
     def record_round(self, k_round: int, n_accepted: int, n_kept: int | None = None) -> None:
         """Count one verification round that drafted `k_round` tokens and accepted `n_accepted`.

@@ -18,11 +18,10 @@ import time
 
 import torch
 
-from draftsmith.decode.cache import CachedModel
-from draftsmith.decode.lean import LeanModel, make_runner
+from draftsmith.decode.runners import Runner, make_runner
 
 
-def _timed(runner: CachedModel | LeanModel, tokens: torch.Tensor, restore: int) -> float:
+def _timed(runner: Runner, tokens: torch.Tensor, restore: int) -> float:
     """Seconds of one cached forward of `tokens` [1, T]; the cache is cropped back to `restore` after."""
     device = tokens.device
     if device.type == "cuda":
@@ -50,7 +49,7 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
                 draft_vocab: torch.Tensor | None = None) -> dict:
     """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).
 
-    `backend` picks the cached forward as in the decode loops (see decode/lean.py): time the one
+    `backend` picks the cached forward as in the decode loops (see decode/runners.py): time the one
     the decode ran with, and `draft_vocab` the draft's reduced vocabulary as the decode used it.
 
     Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},

@@ -15,10 +15,12 @@ accepts d with probability min(1, p(d)/q(d)) and resamples from max(0, p - q), w
 tokens q gives no mass).
 
 The runners return logits over the full width, -inf outside the kept ids, so the loops, the
-sampling filters and verification are the same code with or without a reduced vocabulary.
+sampling filters and verification are the same code with or without a reduced vocabulary; whether
+the head computes only the kept rows (lean) or its full logits are masked (hf) is decided in
+decode/runners.py.
 
-Pure functions plus a small runner wrapper; :func:`frequency_vocab` ranks tokens from datagen
-rows (lists of ids), with no dataset library.
+Pure functions; :func:`frequency_vocab` ranks tokens from datagen rows (lists of ids), with no
+dataset library.
 """
 
 from __future__ import annotations
@@ -49,32 +51,6 @@ def scatter_logits(sub: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Te
     out = sub.new_full((sub.shape[0], width), float("-inf"))
     out[:, ids] = sub
     return out
-
-
-class RestrictedRunner:
-    """A cached-forward runner (decode/cache.py's CachedModel) whose logits keep only `ids`.
-
-    For runners that cannot slice their head (the model's own HF forward): the full head still runs,
-    so the semantics equal :class:`decode.lean.LeanModel` with ``vocab=ids`` but not its speed.
-    """
-
-    def __init__(self, runner, ids: torch.Tensor):
-        self.runner = runner
-        self.ids = ids
-
-    def __len__(self) -> int:
-        return len(self.runner)
-
-    @property
-    def forwards(self) -> int:
-        return self.runner.forwards
-
-    def crop(self, length: int) -> None:
-        self.runner.crop(length)
-
-    def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
-        logits = self.runner.forward(input_ids, keep)  # [keep, V]
-        return scatter_logits(logits[:, self.ids], self.ids, logits.shape[-1])
 
 
 def frequency_vocab(completions: Iterable[Sequence[int]], size: int, width: int, *,

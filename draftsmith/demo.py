@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.artifacts import atomic_dir, write_text
-from draftsmith.decode.progress import progress
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.progress import progress
+from draftsmith.artifacts.errors import UserError
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data", "__pycache__", "__phello__"}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"]

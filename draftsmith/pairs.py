@@ -19,7 +19,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.artifacts.errors import ConfigError, UserError
 from draftsmith.decode.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer, require_gguf
 
 PACKAGE_PREFIX = "package:"

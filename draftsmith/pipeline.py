@@ -1,10 +1,13 @@
-"""The pipeline: datagen -> train -> eval -> promote, each stage skipped when its output matches.
+"""The pipeline: datagen -> train -> eval -> serve -> promote, each stage skipped when its output matches.
 
 Every stage writes under ``out_dir`` (``datagen/``, ``train/`` with ``train/draft/``, ``eval/``
-with ``metrics.json`` and ``report.md``, ``promote/promotion.json``) and a ``stage.json`` beside
-its output holding the stage's config hash. The hash covers the stage's own config section and
-the hashes of the stages it reads, so changing ``method.loss`` re-runs train, eval and promote but
-not datagen. A stage whose ``stage.json`` is missing (a crash) runs again; train resumes from its
+with ``metrics.json`` and ``report.md``, ``serve/serving.json`` when the serving A/B runs,
+``promote/promotion.json``) and a ``stage.json`` beside its output holding the stage's config hash.
+The hash covers the stage's own config section and the hashes of the stages it reads, so changing
+``method.loss`` re-runs train, eval, serve and promote but not datagen, and changing
+``serve.concurrency`` re-runs serve and promote, never the batch-1 eval. One rule decides what a
+section contributes (:func:`draftsmith.artifacts.hashing.figures_of`): every setting but those marked as
+saying only where or how the work runs (``metadata=WHERE``: an interpreter, a timeout, a cache directory). A stage whose ``stage.json`` is missing (a crash) runs again; train resumes from its
 last checkpoint when the hash matches and starts afresh (removing the stale output) when it does
 not.
 """
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -22,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith.artifacts import atomic_dir, write_json, write_text
+from draftsmith.artifacts.hashing import config_hash, figures_of, stage_digest
 from draftsmith.decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
 from draftsmith.summary import summarize
@@ -31,23 +34,13 @@ from draftsmith.train.prompts import PromptError, PromptFormat, PromptSource
 from draftsmith.train.settings import DatagenSettings, TrainSettings
 
 
-def config_hash(*parts) -> str:
-    blob = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def stage_digest(stage: str, section: dict, inputs: dict) -> str:
-    """The hash a stage's output is known by: its own config section and its inputs' hashes."""
-    return config_hash(stage, section, inputs)
-
-
 def served_drafts(serving, drafts: dict[str, str]) -> dict[str, str]:
-    """The eval's drafts the serving A/B serves: those named in eval.serving.drafts ([] = all)."""
+    """The eval's drafts the serving A/B serves: those named in serve.drafts ([] = all)."""
     if not serving.drafts:
         return drafts
     chosen = {name: path for name, path in drafts.items() if name in serving.drafts}
     if not chosen:
-        raise ConfigError(f"eval.serving.drafts={list(serving.drafts)} names none of this eval's drafts "
+        raise ConfigError(f"serve.drafts={list(serving.drafts)} names none of this eval's drafts "
                           f"({', '.join(drafts)}); fix the list, or leave it [] to serve them all")
     return chosen
 
@@ -64,7 +57,7 @@ class Pipeline:
         self.tracker = Tracker(cfg.tracking, config_dict or asdict(cfg), self.out, group=cfg.name)
         self._pair: tuple[str, str] | None = None
         self.hashes: dict[str, str] = {}
-        self.serving_note: str | None = None  # why eval.serving.engine=auto found no vLLM
+        self.serving_note: str | None = None  # why serve.engine=auto found no vLLM
         self.ran: dict[str, str] = {}  # stage -> "ran" | "skipped"
 
     # -- inputs -----------------------------------------------------------------------------
@@ -134,17 +127,18 @@ class Pipeline:
                                   "promote.name (or registry.root), or eval.compare_production=false") from exc
 
     def resolve_serving_engine(self) -> None:
-        """eval.serving.engine: `vllm` must be importable by eval.serving.python (a one-line error with the
-        install recipe otherwise, before any work); `auto` becomes vllm when it is, else none (the table
-        then says how to turn the serving A/B on)."""
-        from draftsmith.decode.vllm import probe_vllm, require_vllm
+        """serve.engine: `vllm` must be importable by serve.python (a one-line error with the install recipe
+        otherwise, before any work); `auto` becomes vllm when it is, else none (the table then says how to turn
+        the serving A/B on)."""
+        from draftsmith.serve.server import probe_vllm, require_vllm, vllm_python_choice
 
-        serving = self.cfg.eval.serving
+        serving = self.cfg.serve
         if serving.engine == "vllm" and serving.url is None:
-            require_vllm(serving.python)
+            require_vllm(serving.python, key="serve.python", engine_key="serve.engine")
         elif serving.engine == "auto":
             found = probe_vllm(serving.python)
-            self.serving_note = None if found["ok"] else found["reason"]
+            python, why = vllm_python_choice(serving.python)
+            self.serving_note = None if found["ok"] else f"{found['reason']}, looked at {python} ({why})"
             serving.engine = "vllm" if found["ok"] else "none"
 
     def production(self) -> dict | None:
@@ -197,8 +191,9 @@ class Pipeline:
 
         cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
-        data = {k: v for k, v in asdict(cfg.data).items() if k not in ("cache_dir", "vllm")  # where it lives or runs
-                and not (k == "engine" and v == "hf")}  # is not what it is; hf: the hash from before data.engine
+        data = {k: v for k, v in figures_of(cfg.data).items() if k not in ("cache_dir", "vllm")  # where it is kept;
+                # the engine runs it, the rows are the same on either; hf: the hash from before data.engine existed
+                and not (k == "engine" and v == "hf")}
         section = {"target": target, "data": data, "dtype": cfg.pair.dtype}
         digest = stage_digest("datagen", section, {})
         shared = Path(self.datagen_cache) if self.datagen_cache else None
@@ -229,7 +224,7 @@ class Pipeline:
 
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
-        section = {"draft": draft, "method": asdict(cfg.method)}
+        section = {"draft": draft, "method": figures_of(cfg.method)}
         inputs = {"datagen": self._upstream("datagen", self.out / "datagen")}
         digest = stage_digest("train", section, inputs)  # a crashed run resumes only under the same digest
         m = cfg.method
@@ -320,10 +315,10 @@ class Pipeline:
         target, _ = self.pair()
         prod = self.production()
         drafts = self.eval_drafts(prod)
-        if cfg.eval.serving.engine == "vllm":
-            served_drafts(cfg.eval.serving, drafts)  # a serving.drafts list that names none fails before any work
+        if "serve" in cfg.stages and cfg.serve.engine == "vllm":
+            served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
-        section = {"target": target, "drafts": drafts, "eval": asdict(cfg.eval), "decode": asdict(cfg.decode),
+        section = {"target": target, "drafts": drafts, "eval": figures_of(cfg.eval), "decode": figures_of(cfg.decode),
                    "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
         prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
@@ -334,25 +329,48 @@ class Pipeline:
                 **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
                 target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device))
             log_eval(run, metrics)
-            if cfg.eval.serving.engine == "vllm":
-                self.serving_ab(target, drafts, prompts, out)
 
         self._stage("eval", out, section, body, inputs=inputs)
 
-    def serving_ab(self, target: str, drafts: dict[str, str], prompts: dict, out: Path) -> None:
-        """The serving A/B on vLLM (eval/serving.py) into ``DIR/eval/serving.json``, on the eval's prompts."""
+    def serve(self) -> None:
+        """The serving A/B on vLLM (eval/serving.py) into ``DIR/serve/`` (serving.json, report.md, plots, the
+        servers' logs), on the eval's prompts and drafts; off (nothing written) with serve.engine=none."""
         from draftsmith.eval.runner import file_prompts, heldout_prompts
         from draftsmith.eval.serving import report_section, run_serving_ab
 
-        serving = self.cfg.eval.serving
-        ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
-               else file_prompts(prompts["prompts_file"], serving.max_prompts))
-        drafts = served_drafts(serving, drafts)
-        result = run_serving_ab(serving, target=target, drafts=drafts, k=list(serving.k or self.cfg.eval.k),
-                                prompts=[p[0].tolist() for p in ids], out_dir=str(out), dtype=self.cfg.pair.dtype,
-                                log=self.log)
-        report = out / "report.md"
-        write_text(report, report.read_text() + report_section(result))
+        cfg, out, serving = self.cfg, self.out / "serve", self.cfg.serve
+        if serving.engine != "vllm":
+            self.log("draftsmith: serve: off (serve.engine=" + serving.engine
+                     + (f"; {self.serving_note}" if self.serving_note else "") + ")")
+            return
+        target, _ = self.pair()
+        prod = self.production()
+        drafts = served_drafts(serving, self.eval_drafts(prod))
+        prompts, inputs = self.eval_prompts(target)
+        if "trained" in drafts:
+            inputs["train"] = self._upstream("train", self.out / "train")
+        k = list(serving.k or cfg.eval.k)
+        section = {"target": target, "drafts": drafts, "serve": figures_of(serving), "k": k,
+                   "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"]}
+
+        def body(run):
+            ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
+                   else file_prompts(prompts["prompts_file"], serving.max_prompts))
+            with atomic_dir(out) as tmp:
+                result = run_serving_ab(serving, target=target, drafts=drafts, k=k,
+                                        prompts=[p[0].tolist() for p in ids], out_dir=str(tmp),
+                                        dtype=cfg.pair.dtype, log=self.log)
+                write_text(tmp / "report.md", "# draftsmith serving A/B\n" + report_section(result))
+
+        self._stage("serve", out, section, body, inputs=inputs)
+
+    def serving_path(self) -> Path | None:
+        """DIR/serve/serving.json when the serving A/B is not off (serve.engine=none, or auto without vLLM) and the
+        serve stage has a finished output (this run's, or an earlier one's with stages=[promote]), else None."""
+        path = self.out / "serve" / "serving.json"
+        if self.cfg.serve.engine == "none" or not (self.out / "serve" / "stage.json").exists() or not path.exists():
+            return None
+        return path
 
     def promote(self) -> None:
         from draftsmith.promote import promote
@@ -360,9 +378,12 @@ class Pipeline:
         cfg, out = self.cfg, self.out / "promote"
         section = {"promote": asdict(cfg.promote), "registry": asdict(cfg.registry)}
         inputs = {"eval": self._upstream("eval", self.out / "eval")}
+        serving = self.serving_path()
+        if serving is not None:
+            inputs["serve"] = self._upstream("serve", self.out / "serve")
 
         def body(run):
-            record = promote(cfg, self.out, self.registry(), run)
+            record = promote(cfg, self.out, self.registry(), run, serving_path=serving)
             if record["promote"] and run.run is not None and cfg.registry.kind != "wandb":
                 log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, record["candidate"])
             with atomic_dir(out) as tmp:
@@ -375,7 +396,7 @@ class Pipeline:
     # -- the whole run ----------------------------------------------------------------------
     def run(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
-        for stage in ("datagen", "train", "eval", "promote"):
+        for stage in ("datagen", "train", "eval", "serve", "promote"):
             if stage in self.cfg.stages:
                 getattr(self, stage)()
         summary = self.summary()

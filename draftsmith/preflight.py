@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from draftsmith.decode.errors import ConfigError
+from draftsmith.artifacts.errors import ConfigError
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -71,7 +71,8 @@ def check_datagen_engine(data) -> None:
     """data.engine=vllm: the server at data.vllm.url answers, or vLLM is importable by data.vllm.python."""
     if data.engine != "vllm":
         return
-    from draftsmith.decode.vllm import http_get, require_vllm
+    from draftsmith.serve.client import http_get
+    from draftsmith.serve.server import require_vllm
 
     url = data.vllm.url
     if url is None:
@@ -103,5 +104,5 @@ def preflight(pipeline) -> None:
         check_weight_files(target, "target")
     if stages & {"eval", "promote"}:
         pipeline.check_registry_target(target)
-    if "eval" in stages:
+    if "serve" in stages:
         pipeline.resolve_serving_engine()

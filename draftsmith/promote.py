@@ -18,7 +18,7 @@ cannot each "beat" an empty or stale production. Inside the lock:
 4. A passing candidate is registered and the alias moved before the lock is released (the W&B
    mirror is linked inside the lock as well, so its alias moves in the same order).
 
-The serving basis: when the eval ran the serving A/B on vLLM (``DIR/eval/serving.json``) and it has
+The serving basis: when the eval ran the serving A/B on vLLM (``DIR/serve/serving.json``) and it has
 cells of the candidate, the gates and the K are taken from it at ``promote.serving_concurrency`` (the
 concurrency the team serves at; unset: the lowest measured level; not measured: the nearest measured
 level above it, else the highest; the record's ``serving.concurrency_note`` says which): ``speedup`` is
@@ -45,19 +45,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith.config import DraftsmithConfig
+from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, target_mismatch
 from draftsmith.eval.gates import decide
-from draftsmith.eval.runner import EvalError, load_metrics
+from draftsmith.artifacts.formats import ArtifactError, read_json, read_metrics, read_serving
+from draftsmith.artifacts.hashing import where_settings
 from draftsmith.eval.serving_stats import best_k_per_concurrency
 
 MEASURED = "measured in this eval"
 
 
-def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=None) -> dict:
-    """Decide and (when the gates pass) register, atomically; returns the promotion record (promotion.json)."""
+def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=None,
+            serving_path: Path | None = None) -> dict:
+    """Decide and (when the gates pass) register, atomically; returns the promotion record (promotion.json).
+
+    `serving_path`: the serve stage's ``serving.json`` when the serving A/B ran (the decision is then taken on it),
+    else None (the batch-1 eval's figures)."""
     metrics_path = Path(out_dir) / "eval" / "metrics.json"
-    metrics = load_metrics(metrics_path)
+    metrics = read_metrics(metrics_path)
     name, draft_dir = _candidate(metrics, metrics_path)
     p = cfg.promote
     gates = p.gates()
@@ -65,7 +71,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     candidate_fp = fingerprint(draft_dir)
     measured = _measured_production(metrics)
     target = target_identity(metrics["config"]["target"]) if metrics["config"].get("target") else None
-    serving = _load_serving(Path(out_dir) / "eval" / "serving.json")
+    serving = read_serving(serving_path) if serving_path is not None else None
     view = _serving_candidate(serving, name, metrics, p.serving_concurrency)
     served = _served_production(serving, measured) if view else None
     candidate = view or metrics["summary"][name]
@@ -196,8 +202,8 @@ def _recorded(tx: RegistryTransaction, number: int) -> tuple[dict | None, str | 
     summary = tx.resolve(number).get("summary")
     path = tx.path(number) / "metrics.json"
     try:
-        eval_set = json.loads(path.read_text()).get("eval_set")
-    except (OSError, json.JSONDecodeError):
+        eval_set = read_json(path, what="eval metrics.json", run="promote it again").get("eval_set")
+    except ArtifactError:  # an unreadable record compares with nothing
         eval_set = None
     if summary and summary.get("batch1"):  # promoted on the serving A/B: its batch-1 figures, kept beside
         summary = summary["batch1"]
@@ -252,24 +258,10 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
             "speculative_config": str(path / "speculative_config.json")}
 
 
-# -- the serving A/B basis (DIR/eval/serving.json, issue 10 section 5) ------------------------------
-# settings that do not change a cell's figures: which levels were run, and how long to wait for a server
-_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "python", "startup_timeout_s", "request_timeout_s")
-
-
-def _load_serving(path: Path) -> dict | None:
-    """serving.json of the eval (the serving A/B on vLLM), or None when none ran."""
-    if not path.exists():
-        return None
-    try:
-        serving = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise EvalError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-run eval with "
-                        "eval.serving.engine=vllm") from exc
-    if not isinstance(serving.get("cells"), list):
-        raise EvalError(f"{path} has no 'cells' list: not a serving A/B output; re-run eval with "
-                        "eval.serving.engine=vllm")
-    return serving
+# -- the serving A/B basis (DIR/serve/serving.json, issue 10 section 5) ------------------------------
+# settings that do not change a cell's figures: which levels were run, and those that say only where or how the
+# servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
+_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", *where_settings(ServingSettings))
 
 
 def _draft_cells(serving: dict | None, draft: str) -> list[dict]:
@@ -290,7 +282,7 @@ def _pick_level(levels: list[int], requested: int | None) -> tuple[int, str | No
         return above[0], (f"promote.serving_concurrency={requested} was not measured: decided at {above[0]}, the "
                           f"nearest measured concurrency above it (measured: {levels})")
     return levels[-1], (f"promote.serving_concurrency={requested} is above every measured concurrency: decided at the "
-                        f"highest, {levels[-1]} (measured: {levels}); add it to eval.serving.concurrency")
+                        f"highest, {levels[-1]} (measured: {levels}); add it to serve.concurrency")
 
 
 def k_bands(best: list[dict]) -> list[dict]:
@@ -390,7 +382,7 @@ def _serving_champion(tx: RegistryTransaction, alias: str, production: dict | No
                f"{'v' + str(served['version']) if served['version'] else served['path']}, and {why}")
     return None, None, (f"the {alias} draft v{number} was not measured in this serving A/B, so the candidate's serving "
                         f"speedup at concurrency {level} cannot be compared with it ({why}): run eval again with "
-                        f"eval.compare_production=true and eval.serving.engine=vllm, which measures the current "
+                        f"eval.compare_production=true and serve.engine=vllm, which measures the current "
                         f"{alias} draft beside the candidate")
 
 
@@ -402,9 +394,9 @@ def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None
     if draft is None or not path.exists():
         return None, f"v{number} has no recorded serving A/B"
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None, f"v{number}'s {path} cannot be read"
+        stored = read_serving(path)
+    except ArtifactError as exc:
+        return None, f"v{number}'s serving.json cannot be used ({exc})"
     recorded_set = _recorded(tx, number)[1]
     if eval_set is None or recorded_set != eval_set:
         return None, f"v{number} was promoted on another eval set ({recorded_set or 'unknown'}; this eval: {eval_set})"
@@ -420,7 +412,7 @@ def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None
 def _setting_differences(a: dict, b: dict) -> list[str]:
     """The keys on which two serving.json runs differ in a way that changes their figures."""
     def basis(s: dict) -> dict:
-        settings = {f"eval.serving.{k}": v for k, v in (s.get("settings") or {}).items()
+        settings = {f"serve.{k}": v for k, v in (s.get("settings") or {}).items()
                     if k not in _UNCOMPARED_SETTINGS}
         return {"vllm": s.get("vllm"), "dtype": s.get("dtype"), "prompts": s.get("prompts"), **settings}
 

@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 from draftsmith.artifacts import atomic_dir, write_json
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.errors import UserError
+from draftsmith.artifacts.formats import read_version, write_metrics, write_serving, write_version
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -68,7 +69,7 @@ def fingerprint(draft_dir: str | Path) -> str:
 
 def speculative_config(draft_dir: str | Path, k: int) -> dict:
     """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens."""
-    from draftsmith.decode.vllm import speculative_config as vllm_config
+    from draftsmith.serve.server import speculative_config as vllm_config
 
     return vllm_config(str(Path(draft_dir).resolve()), k)
 
@@ -156,7 +157,7 @@ class LocalRegistry:
         found = []
         for path in entry.glob("v*/version.json") if entry.is_dir() else []:
             if re.fullmatch(r"v\d+", path.parent.name):
-                found.append(json.loads(path.read_text()))
+                found.append(read_version(path))
         return sorted(found, key=lambda v: v["version"])
 
     def aliases(self, name: str) -> dict[str, int]:
@@ -181,7 +182,7 @@ class LocalRegistry:
         if not path.exists():
             known = [v["version"] for v in self.versions(name)]
             raise RegistryError(f"registry {self.root}: {name!r} has no version {number} (versions: {known or 'none'})")
-        return json.loads(path.read_text())
+        return read_version(path)
 
     def find(self, name: str, alias: str) -> dict | None:
         """The version record `alias` points at, or None when `name` has no such alias (yet)."""
@@ -344,14 +345,14 @@ class RegistryTransaction:
                               k_by_concurrency=list(serving.get("k_by_concurrency") or []))
             with atomic_dir(final) as tmp:
                 shutil.copytree(draft_dir, tmp / "draft")
-                write_json(tmp / "metrics.json", metrics)
+                write_metrics(tmp, metrics)
                 write_json(tmp / "promotion.json", promotion)
                 write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
                 if serving is not None:
-                    write_json(tmp / "serving.json", serving["table"])
+                    write_serving(tmp, serving["table"])
                 for file_name, path in (files or {}).items():
                     shutil.copyfile(path, tmp / file_name)
-                write_json(tmp / "version.json", record)
+                write_version(tmp, record)
             existing = {**record, "created": True}
         else:
             existing = {**existing, "created": False}

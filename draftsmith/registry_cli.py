@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.errors import UserError
 from draftsmith.registry import LocalRegistry, RegistryError, format_bands, format_versions
 
 
@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_export_alerts(sub) -> None:
-    from draftsmith.eval.monitor import DEFAULT_MARGIN, DEFAULT_MIN_ACCEPTANCE, DEFAULT_MIN_DRAFT_TOKENS
+    from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
+    from draftsmith.monitor.alert_rules import DEFAULT_FOR, DEFAULT_WINDOW
+    from draftsmith.monitor.window import DEFAULT_MARGIN, DEFAULT_MIN_DRAFT_TOKENS
 
     p = sub.add_parser("export-alerts", help="Prometheus alerting rules for the served draft (thresholds from the "
                                              "promoted version's measurements)")
@@ -86,21 +88,25 @@ def _add_export_alerts(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="write the rules here (atomically); default: print them")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"drift alert below the measured acceptance minus this (default {DEFAULT_MARGIN})")
-    p.add_argument("--min-acceptance", type=float, default=DEFAULT_MIN_ACCEPTANCE,
-                   help=f"floor alert below this acceptance rate (default {DEFAULT_MIN_ACCEPTANCE})")
-    p.add_argument("--window", default="10m", help="PromQL range of the acceptance rate (default 10m)")
-    p.add_argument("--for", dest="for_", default="15m", help="how long a rule holds before it fires (default 15m)")
+    p.add_argument("--min-acceptance", type=float, default=ACCEPTANCE_FLOOR,
+                   help=f"floor alert below this acceptance rate (default {ACCEPTANCE_FLOOR})")
+    p.add_argument("--window", default=DEFAULT_WINDOW,
+                   help=f"PromQL range of the acceptance rate (default {DEFAULT_WINDOW})")
+    p.add_argument("--for", dest="for_", default=DEFAULT_FOR,
+                   help=f"how long a rule holds before it fires (default {DEFAULT_FOR})")
     p.add_argument("--selector", default="", help='label matchers for every counter, e.g. \'job="vllm"\'')
     p.add_argument("--min-draft-tokens", type=int, default=DEFAULT_MIN_DRAFT_TOKENS,
                    help=f"drafted tokens a window needs before it may alert (default {DEFAULT_MIN_DRAFT_TOKENS})")
 
 
 def _export_alerts(registry: LocalRegistry, args) -> None:
-    from draftsmith.monitor_cli import export_alerts
+    """The rules for `args.ref` of `args.name` (monitor/alert_rules.py ``export_rules``), printed or written."""
+    from draftsmith.monitor.alert_rules import export_rules
+    from draftsmith.monitor_cli import promoted_reference
 
-    done = export_alerts(registry, args.name, args.ref, args.out, margin=args.margin,
-                         min_acceptance=args.min_acceptance, window=args.window, for_=args.for_,
-                         selector=args.selector, min_draft_tokens=args.min_draft_tokens)
+    done = export_rules(promoted_reference(registry, args.name, args.ref), args.out, margin=args.margin,
+                        min_acceptance=args.min_acceptance, window=args.window, for_=args.for_,
+                        selector=args.selector, min_draft_tokens=args.min_draft_tokens)
     checked = "promtool check rules passed" if done["promtool"] is not None else "promtool not on PATH, not run"
     if done["path"] is None:
         print(done["text"], end="", flush=True)

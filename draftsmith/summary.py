@@ -12,6 +12,8 @@ import os
 import platform
 from pathlib import Path
 
+from draftsmith.artifacts.formats import read_metrics, read_serving
+
 
 def stale_stages(out: Path) -> dict[str, str]:
     """stage -> why its output in out_dir no longer follows from its inputs' current outputs.
@@ -19,7 +21,8 @@ def stale_stages(out: Path) -> dict[str, str]:
     Each stage.json records the hashes of the outputs it was made from; when an upstream stage
     has run again since (e.g. ``stages=[eval]`` after promote), the downstream output is stale.
     """
-    upstream = {"train": ("datagen",), "eval": ("train", "datagen", "eval_prompts"), "promote": ("eval",)}
+    upstream = {"train": ("datagen",), "eval": ("train", "datagen", "eval_prompts"),
+                "serve": ("train", "datagen", "eval_prompts"), "promote": ("eval", "serve")}
     found = {}
     for stage, sources in upstream.items():
         record = _read_marker(out / stage)
@@ -53,16 +56,16 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
                     "stale": stale_stages(out), "process": {"pid": os.getpid(), "host": platform.node()}}
     metrics_path = out / "eval" / "metrics.json"
     if metrics_path.exists():
-        metrics = json.loads(metrics_path.read_text())
+        metrics = read_metrics(metrics_path)
         result["drafts"] = metrics["summary"]
         result["report"] = str(out / "eval" / "report.md")
         result["warnings"] = metrics.get("warnings", [])
         result["draft_vocab"] = metrics.get("draft_vocab")
-    serving_path = out / "eval" / "serving.json"
+    serving_path = out / "serve" / "serving.json"
     if serving_path.exists():
         from draftsmith.eval.serving_stats import summary_lines
 
-        serving = json.loads(serving_path.read_text())
+        serving = read_serving(serving_path)
         result["serving"] = {"lines": summary_lines(serving), "path": str(serving_path)}
     promotion_path = out / "promote" / "promotion.json"
     if promotion_path.exists():
@@ -111,7 +114,7 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  serving A/B on vLLM: {summary['serving']['path']}")
     elif summary.get("serving_off"):
         lines.append(f"  serving A/B on vLLM: off ({summary['serving_off']}); to measure speculation at the "
-                     "concurrency you serve, install vLLM (README: 'Serving A/B on vLLM') and set eval.serving.python")
+                     "concurrency you serve, install vLLM (docs/serving-ab.md) and set serve.python")
     stale = summary.get("stale", {})
     for stage, why in stale.items():
         lines.append(f"  STALE: {stage} output {why}")

@@ -9,9 +9,10 @@ sweep directory and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from draftsmith.artifacts.formats import read_metrics
 
 from draftsmith.artifacts import write_json
 
@@ -35,12 +36,8 @@ def collect(sweep_dir: str | Path) -> list[dict]:
     rows = []
     for path in paths:
         job = path.parent.parent
-        try:
-            metrics = json.loads(path.read_text())
-            summary = metrics["summary"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise ValueError(f"{path} is not an eval metrics.json ({exc}); re-run that job's eval stage") from exc
-        for draft, s in summary.items():
+        metrics = read_metrics(path)  # ArtifactError (one line) on a damaged file
+        for draft, s in metrics["summary"].items():
             rows.append({"job": str(job.relative_to(sweep_dir)), "overrides": _overrides(job), "draft": draft,
                          "best_k": s["best_k"], "speedup": s["speedup"], "acceptance_rate": s["acceptance_rate"],
                          "mean_accepted_tokens": s["mean_accepted_tokens"], "greedy_match": s.get("greedy_match"),

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from draftsmith.decode.errors import ConfigError
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
 
 
 @dataclass
 class Gates:
     """Thresholds a candidate must clear (the promote stage's config)."""
 
-    min_acceptance_rate: float = 0.5  # at the best K
+    min_acceptance_rate: float = ACCEPTANCE_FLOOR  # at the best K (0.5, decode/acceptance.py)
     min_speedup: float = 1.1  # measured, at the best K
     require_greedy_match: bool = True  # greedy_match must be 1.0
     champion_margin: float = 0.02  # must beat the production draft's speedup by this much (same eval set)

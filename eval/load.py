@@ -11,23 +11,23 @@ Prompts are token ids (``"prompt": [ids]``) so that every engine sees the same t
 greedy (temperature 0). Per request: TTFT (send -> first token), TPOT (mean time per output token
 after the first: (e2e - TTFT) / (tokens - 1), vLLM's definition), end-to-end latency, the output
 token count and the output token ids (vLLM >= 0.10 returns them per chunk with
-``"return_token_ids": true``; without them the text is kept and compared instead).
+``"return_token_ids": true``; without them the text is kept and compared instead). One request is
+streamed and timed by :func:`draftsmith.serve.client.stream_completion`; this module schedules them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from draftsmith.decode.errors import UserError
+from draftsmith.serve.client import async_client, stream_body, stream_completion
+from draftsmith.serve.errors import VllmError
 
 
-class LoadError(UserError, RuntimeError):
+class LoadError(VllmError):
     """The server did not serve the load (every request failed, or it has no model); the message says why."""
 
 
@@ -63,64 +63,17 @@ class LoadResult:
     requests: list[RequestResult] = field(default_factory=list)
 
 
-def request_body(model: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool) -> dict:
-    """The ``/v1/completions`` body of one greedy streaming request over token ids."""
-    return {"model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "ignore_eos": ignore_eos, "return_token_ids": True,
-            "stream_options": {"include_usage": True}}
-
-
-def sse_payloads(lines):
-    """The JSON payloads of server-sent-event ``data:`` lines, up to ``[DONE]`` (async generator)."""
-
-    async def gen():
-        async for line in lines:
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            yield json.loads(data)
-
-    return gen()
-
-
 async def send_one(client, url: str, body: dict, index: int, prompt_index: int, t0: float) -> RequestResult:
-    """Stream one request, timing the first token-bearing chunk and the end of the stream."""
+    """Stream one request (draftsmith.serve.client) and place it in its level's schedule."""
     start = time.perf_counter()
-    ttft, text, ids, usage_tokens, have_ids, error = None, [], [], None, False, None
-    try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                detail = (await resp.aread()).decode("utf-8", "replace")[:300]
-                raise LoadError(f"HTTP {resp.status_code}: {detail}")
-            async for payload in sse_payloads(resp.aiter_lines()):
-                if payload.get("usage"):
-                    usage_tokens = payload["usage"].get("completion_tokens")
-                for choice in payload.get("choices") or []:
-                    chunk_ids = choice.get("token_ids")
-                    if chunk_ids is not None:
-                        have_ids = True
-                        ids.extend(chunk_ids)
-                    if (chunk_ids or choice.get("text")) and ttft is None:
-                        ttft = time.perf_counter() - start
-                    text.append(choice.get("text") or "")
-    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, the level goes on
-        error = f"{type(exc).__name__}: {exc}"
-    e2e = time.perf_counter() - start
-    n = len(ids) if have_ids else (usage_tokens if usage_tokens is not None else 0)
-    return RequestResult(index=index, prompt_index=prompt_index, start_s=start - t0, e2e_s=e2e, ttft_s=ttft,
-                         output_tokens=int(n), token_ids=ids if have_ids else None, text="".join(text), error=error)
+    done = await stream_completion(client, url, body)
+    return RequestResult(index=index, prompt_index=prompt_index, start_s=start - t0, e2e_s=done.e2e_s,
+                         ttft_s=done.ttft_s, output_tokens=done.output_tokens, token_ids=done.token_ids,
+                         text=done.text, error=done.error)
 
 
-def _client(concurrency: int, timeout_s: float):
-    try:
-        import httpx
-    except ImportError as exc:
-        raise LoadError("the serving A/B needs httpx: pip install -e '.[serving]'") from exc
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(
-        max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2))
+def _client(connections: int, timeout_s: float):
+    return async_client(connections, timeout_s, what="the serving A/B")
 
 
 async def _closed_loop(url, model, prompts, concurrency, num_requests, max_tokens, ignore_eos, timeout_s):
@@ -133,7 +86,7 @@ async def _closed_loop(url, model, prompts, concurrency, num_requests, max_token
         async def client_loop():
             for i in schedule:  # shared iterator: each client takes the next request when its last one is done
                 p = i % len(prompts)
-                body = request_body(model, prompts[p], max_tokens, ignore_eos)
+                body = stream_body(model, prompts[p], max_tokens, ignore_eos)
                 results.append(await send_one(client, url, body, i, p, t0))
 
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
@@ -154,7 +107,7 @@ async def _open_loop(url, model, prompts, rate, num_requests, max_tokens, ignore
         async def arrive(i, at):
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
             p = i % len(prompts)
-            return await send_one(client, url, request_body(model, prompts[p], max_tokens, ignore_eos), i, p, t0)
+            return await send_one(client, url, stream_body(model, prompts[p], max_tokens, ignore_eos), i, p, t0)
 
         results = await asyncio.gather(*(arrive(i, at) for i, at in enumerate(arrivals)))
     return LoadResult(concurrency=None, request_rate=rate, wall_s=_wall(results), requests=list(results))
@@ -173,7 +126,7 @@ def run_load(url: str, model: str, prompts: list[list[int]], *, num_requests: in
 
     Args:
         url: the server's base URL (``http://host:port``).
-        model: the served model name (see :func:`served_model`).
+        model: the served model name (:func:`draftsmith.serve.client.served_model`).
         prompts: token-id lists; request i sends ``prompts[i % len(prompts)]``.
         num_requests: requests in this level.
         max_tokens: output tokens per request (exactly this many with `ignore_eos`).
@@ -192,16 +145,3 @@ def run_load(url: str, model: str, prompts: list[list[int]], *, num_requests: in
     if result.requests and len(failed) == len(result.requests):
         raise LoadError(f"every request to {url}/v1/completions failed, e.g. {failed[0].error}")
     return result
-
-
-def served_model(url: str, timeout_s: float = 10.0) -> str:
-    """The first model id of ``GET {url}/v1/models`` (the name requests must use)."""
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # no INFO line for this request in the run's log
-    try:
-        resp = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
-        resp.raise_for_status()
-        return resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise LoadError(f"{url}/v1/models did not name a model ({exc}): is this an OpenAI-compatible server?") from exc

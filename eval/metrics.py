@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR, AcceptanceCounts
 from draftsmith.decode.stats import DecodeStats, SpeculativeStats
 from draftsmith.eval.theory import predicted_speedup
 
@@ -53,22 +54,18 @@ def _latency(stats: list[DecodeStats]) -> dict:
 
 
 def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
-    """Acceptance figures pooled over speculative runs of one K (counts summed, then divided)."""
+    """Acceptance figures pooled over speculative runs of one K (counts summed, then divided: decode/acceptance.py).
+
+    Undefined figures (nothing drafted) are 0.0; ``expected_acceptance`` is None unless every run sampled.
+    Returns the figures of :meth:`AcceptanceCounts.figures` (per-position over K), target_forwards, draft_forwards.
+    """
     if any(s.k != k for s in spec):
         raise ValueError(f"speculative runs with k={sorted({s.k for s in spec})} given for a cell with k={k}")
-    drafted = sum(s.drafted for s in spec)
-    accepted = sum(s.accepted for s in spec)
-    tested = accepted + sum(s.rejected for s in spec)
-    rounds = sum(s.rounds for s in spec)
-    per_d = [sum(s.drafted_per_position[i] for s in spec) for i in range(k)]
-    per_a = [sum(s.accepted_per_position[i] for s in spec) for i in range(k)]
-    sampled = all(s.overlap_sum is not None for s in spec)
+    no_runs = [SpeculativeStats(k=k, overlap_sum=0.0)]  # zero counts, whose figures are 0.0 (as they always were)
+    figures = AcceptanceCounts.pooled(s.counts() for s in spec or no_runs).figures(undefined=0.0)
     return {
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "token_acceptance": accepted / tested if tested else 0.0,
-        "expected_acceptance": (sum(s.overlap_sum for s in spec) / drafted if drafted else 0.0) if sampled else None,
-        "mean_accepted_tokens": sum(s.round_tokens for s in spec) / rounds if rounds else 0.0,  # prefill token excluded
-        "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(per_a, per_d)],
+        **figures,  # acceptance_rate, token_acceptance, expected_acceptance, mean_accepted_tokens (no prefill token)
+        "per_position_acceptance": (figures["per_position_acceptance"] + [0.0] * k)[:k],
         "target_forwards": sum(s.target_forwards for s in spec),
         "draft_forwards": sum(s.draft_forwards for s in spec),
     }
@@ -110,7 +107,7 @@ def slowdown_warning(record: CellRecord) -> str | None:
     A measured speedup decides: warn when it is below 1, and never when it is 1 or more, whatever
     the acceptance rate (a cheap draft can pay off at a low acceptance rate). Only when no speedup
     was measured (``speedup`` None or 0: no timed speculative run) does the rule of thumb apply:
-    warn when the acceptance rate is below 0.5.
+    warn when the acceptance rate is below ``ACCEPTANCE_FLOOR`` (0.5, decode/acceptance.py).
     """
     where = f"K={record.k}, temperature {record.temperature}: "
     advice = "; consider turning speculation off or retraining it."
@@ -119,7 +116,7 @@ def slowdown_warning(record: CellRecord) -> str | None:
             return None
         return (where + f"measured speedup {record.speedup:.2f} < 1 (acceptance rate {record.acceptance_rate:.2f}): "
                 "this draft slowed decoding down here and would likely slow serving down" + advice)
-    if record.acceptance_rate < 0.5:
-        return (where + f"no speedup measured; acceptance rate {record.acceptance_rate:.2f} < 0.5: this draft would "
-                "likely make serving slower" + advice)
+    if record.acceptance_rate < ACCEPTANCE_FLOOR:
+        return (where + f"no speedup measured; acceptance rate {record.acceptance_rate:.2f} < {ACCEPTANCE_FLOOR}: "
+                "this draft would likely make serving slower" + advice)
     return None

@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 
 from draftsmith.decode import autoregressive_generate, speculative_generate
-from draftsmith.artifacts import atomic_dir, provenance, write_json
-from draftsmith.decode.errors import UserError, check
-from draftsmith.decode.lean import logit_width
+from draftsmith.artifacts import atomic_dir, provenance
+from draftsmith.artifacts.formats import read_datagen, read_metrics, write_metrics
+from draftsmith.artifacts.errors import UserError, check
+from draftsmith.decode.runners import logit_width
+from draftsmith.decode.eos import eos_token_id
 from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
-from draftsmith.decode.progress import progress
+from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.decode.vocab import VOCAB_FILE, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings
@@ -65,13 +67,10 @@ class EvalError(UserError, ValueError):
 def heldout_prompts(data_dir: str, n: int) -> list[torch.Tensor]:
     """The first `n` distinct held-out prompts of a datagen output, as [1, P] tensors.
 
-    Reads the artifact (``data/`` saved with ``datasets.save_to_disk``), not train's code.
+    Reads the artifact through its format's reader (draftsmith.artifacts.formats), not train's code.
     """
-    import datasets
-
-    if not (Path(data_dir) / "manifest.json").exists():
-        raise EvalError(f"{data_dir} is not a datagen output (no manifest.json); run datagen first")
-    rows = (row["prompt_ids"] for row in datasets.load_from_disk(str(Path(data_dir) / "data"))["heldout"])
+    data, _ = read_datagen(data_dir, splits=("heldout",))
+    rows = (row["prompt_ids"] for row in data["heldout"])
     prompts = _distinct(rows, n)
     if not prompts:
         raise EvalError(f"{data_dir}: the held-out split is empty; run datagen with data.heldout_fraction > 0")
@@ -197,8 +196,7 @@ def run(cfg: EvalConfig) -> dict:
     prompts = (heldout_prompts(cfg.data_dir, cfg.max_prompts) if cfg.data_dir else
                file_prompts(cfg.prompts_file, cfg.max_prompts))
     prompts = [p.to(cfg.device) for p in prompts]
-    eos = target.generation_config.eos_token_id
-    eos = eos if eos is not None else tokenizer.eos_token_id
+    eos = eos_token_id(target.generation_config, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     drafts = {}
     for name, path in cfg.drafts.items():  # every draft checked before any timing starts
@@ -235,7 +233,7 @@ def run(cfg: EvalConfig) -> dict:
                "eval_set": eval_set_id(cfg, prompts), "draft_vocab": vocab_info,
                "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}
     with atomic_dir(cfg.out_dir) as tmp:
-        write_json(tmp / "metrics.json", metrics)
+        write_metrics(tmp, metrics)
         if vocab is not None:
             save_vocab(tmp / VOCAB_FILE, vocab.cpu(), **vocab_info)
         write_report(metrics, tmp)
@@ -250,19 +248,5 @@ def best_record(metrics: dict, draft: str) -> dict:
 
 
 def load_metrics(path: str | Path) -> dict:
-    """metrics.json of an eval output, with a clear error when it is missing or malformed."""
-    import json
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.json"
-    try:
-        metrics = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise EvalError(f"{path} does not exist; run the eval stage first") from exc
-    except json.JSONDecodeError as exc:
-        raise EvalError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    missing = [key for key in ("records", "summary", "schema_version") if key not in metrics]
-    if missing:
-        raise EvalError(f"{path} lacks {missing}: not an eval metrics.json (or an older schema); re-run eval")
-    return metrics
+    """metrics.json of an eval output (`path`: the file or its directory); :func:`draftsmith.artifacts.formats.read_metrics`."""
+    return read_metrics(path)

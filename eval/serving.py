@@ -1,7 +1,7 @@
 """The serving A/B on vLLM: does speculation pay on the deployed engine, at the concurrency served, with which K?
 
 For the target, vLLM's OpenAI-compatible server runs once without speculation and once per draft x K
-with ``--speculative-config`` (decode/vllm.py: one context manager that always stops it); each
+with ``--speculative-config`` (draftsmith.serve.server: one context manager that always stops it); each
 server is warmed up and driven at every load level (eval/load.py: closed-loop concurrency levels,
 optionally open-loop Poisson rates) with the same token-id prompts, greedy; the spec-decode
 counters are read from ``/metrics`` before and after every level. Servers the user runs elsewhere
@@ -31,10 +31,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from draftsmith.artifacts import write_json
-from draftsmith.decode.errors import ConfigError
-from draftsmith.decode.vllm import ServerSpec, SpecCounters, VllmServer, counters_delta, require_vllm, scrape_metrics
-from draftsmith.eval.load import LoadResult, run_load, served_model
+from draftsmith.artifacts.formats import write_serving
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
+from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
+from draftsmith.eval.load import LoadResult, run_load
+from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import compare_reference, make_cell, summarize, summary_lines  # noqa: F401 (re-export)
 from draftsmith.eval.settings import ServingSettings
 
@@ -56,9 +58,9 @@ def requests_per_level(n_prompts: int, kind: str, level: float) -> int:
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool,
           log=print) -> dict[tuple[str, float], tuple[LoadResult, Optional[SpecCounters]]]:
     """Warm `url` up, then run every load level; -> {level: (load, spec counters over the level or None)}."""
-    from draftsmith.decode.vllm import VllmError
+    from draftsmith.serve.errors import VllmError
 
-    model = served_model(url)
+    model = served_model(url, key="serve.url")
     common = dict(ignore_eos=settings.ignore_eos, timeout_s=settings.request_timeout_s, seed=settings.seed)
     if settings.warmup:
         run_load(url, model, prompts, num_requests=settings.warmup, max_tokens=min(8, settings.max_tokens),
@@ -108,7 +110,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     """Run the serving A/B and write ``serving.json`` and its plots into `out_dir`; returns serving.json's content.
 
     Args:
-        settings: ``eval.serving.*`` (engine must be "vllm").
+        settings: ``serve.*`` (engine must be "vllm").
         target: the target model dir / hub id vLLM serves.
         drafts: name -> draft dir (a plain merged model dir); each is served at every K in `k`.
         k: draft tokens per step, one spec server per draft x K.
@@ -121,7 +123,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     only draft name given (else "served") and the K read from the server's per-position counters.
     """
     if settings.engine != "vllm":
-        raise ConfigError(f"eval.serving.engine={settings.engine!r}: set eval.serving.engine=vllm to run the serving A/B")
+        raise ConfigError(f"serve.engine={settings.engine!r}: set serve.engine=vllm to run the serving A/B")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [list(map(int, p)) for p in prompts[:settings.max_prompts]]
@@ -135,15 +137,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         name = next(iter(drafts)) if len(drafts) == 1 else "served"
         cells += _cells(name, _infer_k(spec_runs), spec_runs, plain_runs, reference)
     else:
-        info = require_vllm(settings.python)
+        info = require_vllm(settings.python, key="serve.python", engine_key="serve.engine")
         engine = {"version": info.get("version"), "device": info.get("device")}
 
         def server(name: str, draft: Optional[str] = None, kk: Optional[int] = None) -> VllmServer:
-            spec = ServerSpec(model=target, draft=draft, k=kk, python=settings.python, dtype=dtype,
-                              device=info.get("device") or "cpu", gpu_memory_utilization=settings.gpu_memory_utilization,
-                              kvcache_gib=settings.kvcache_gib, enforce_eager=settings.enforce_eager,
-                              preload_iomp=settings.preload_iomp,
-                              extra_args=list(settings.extra_args))
+            spec = settings.spec(target, device=info.get("device") or "cpu", dtype=dtype, draft=draft, k=kk)
             log_path = out / "serving_logs" / f"{name}.log"
             logs.append(str(log_path.relative_to(out)))
             log(f"draftsmith: serving: starting vLLM ({name}); log {log_path}")
@@ -164,7 +162,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
                "boundary": summarize(closed), "warnings": warnings_of(cells), "logs": logs}
     serving["plots"] = plot_serving(serving, out)
-    write_json(out / "serving.json", serving)
+    write_serving(out, serving)
     return serving
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from draftsmith.decode.vllm import SpecCounters
+from draftsmith.serve.metrics import SpecCounters
 from draftsmith.eval.load import LoadResult
 
 

@@ -1,6 +1,7 @@
 """The settings of the eval stage: the schema the pipeline's Hydra config nests.
 
-``eval.*`` keys are :class:`EvalSettings`, ``decode.*`` keys are :class:`DecodeSettings`; each
+``eval.*`` keys are :class:`EvalSettings`, ``decode.*`` keys are :class:`DecodeSettings`, ``serve.*``
+keys (the serving A/B, the pipeline's ``serve`` stage) are :class:`ServingSettings`; each
 setting is declared once, here, with its one default, and checked in ``__post_init__`` with a
 message naming the key. ``eval.runner.EvalConfig`` extends both with the paths the pipeline wires
 in. Light to import (no torch).
@@ -9,10 +10,11 @@ in. Light to import (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
-from draftsmith.decode.errors import check, check_choice
+from draftsmith.artifacts.errors import check, check_choice
 from draftsmith.decode.settings import BACKENDS
+from draftsmith.serve.settings import ServerSettings
 
 
 @dataclass(kw_only=True)
@@ -66,14 +68,18 @@ SERVABLE_DRAFTS = ("trained", "base", "production")  # the names the pipeline gi
 
 
 @dataclass(kw_only=True)
-class ServingSettings:
-    """The serving A/B on vLLM (eval/serving.py): the schema of the pipeline's ``eval.serving.*`` keys.
+class ServingSettings(ServerSettings):
+    """The serving A/B on vLLM (eval/serving.py), run as the pipeline's ``serve`` stage: the schema of ``serve.*``.
 
     For the target and each draft x K, vLLM's OpenAI-compatible server runs with speculation on and
     off (or the user's servers at `url` / `baseline_url` are used) and is driven at each load level.
+    How the servers are started (interpreter, memory, parallelism, timeouts) are the server settings
+    shared with datagen (draftsmith/serve/settings.py).
     """
 
-    engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when eval.serving.python imports it, else none)
+    KEY: ClassVar[str] = "serve"
+
+    engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when serve.python imports it, else none)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])  # closed-loop clients, one cell each
     drafts: list[str] = field(default_factory=list)  # which of the eval's drafts to serve (trained, base,
     # production); [] = all of them. Each is one vLLM server per K: on a CPU a server costs minutes
@@ -84,43 +90,26 @@ class ServingSettings:
     max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
     warmup: int = 2  # unrecorded requests after each server start
     seed: int = 0  # the Poisson arrival times
-    url: Optional[str] = None  # a running server with speculation on (e.g. on a GPU node): no launch
-    baseline_url: Optional[str] = None  # ... and the same target with speculation off (goes with url)
-    python: Optional[str] = None  # the interpreter that imports vllm (its own venv); None = $DRAFTSMITH_VLLM_PYTHON,
-    # else ./.venv-vllm/bin/python when it exists, else this one
-    startup_timeout_s: float = 600.0  # wait for the server's /health
-    request_timeout_s: float = 600.0
-    gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU
-    kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE (CPU backend only)
-    enforce_eager: bool = True  # skip graph capture / compilation (fast start-up for small models)
-    preload_iomp: bool = False  # CPU: LD_PRELOAD vllm-cpu's libiomp5.so, as vLLM advises for spec decode (no clear
-    # gain measured on a shared 2-core machine: tiny pair, K=2, 62 -> 74 tok/s at concurrency 1, 180 -> 111 at 4)
-    extra_args: list[str] = field(default_factory=list)  # more api_server arguments, e.g. ["--max-model-len", "2048"]
+    baseline_url: Optional[str] = None  # with url: the same target with speculation off (no launch)
 
     def __post_init__(self):
-        check_choice("eval.serving.engine", self.engine, ("none", "vllm", "auto"))
+        super().__post_init__()
+        check_choice("serve.engine", self.engine, ("none", "vllm", "auto"))
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,
-              f"eval.serving.concurrency must be a non-empty list of integers >= 1, got {list(self.concurrency)}")
+              f"serve.concurrency must be a non-empty list of integers >= 1, got {list(self.concurrency)}")
         bad_d = [d for d in self.drafts if d not in SERVABLE_DRAFTS]
-        check(not bad_d, f"eval.serving.drafts={list(self.drafts)}: {bad_d} is not one of the eval's drafts "
+        check(not bad_d, f"serve.drafts={list(self.drafts)}: {bad_d} is not one of the eval's drafts "
                          f"{list(SERVABLE_DRAFTS)}; give a subset, or [] for all")
         bad_k = [k for k in self.k if isinstance(k, bool) or not isinstance(k, int) or k < 1]
-        check(not bad_k, f"eval.serving.k must be a list of integers >= 1 ([] = eval.k), got {list(self.k)}")
+        check(not bad_k, f"serve.k must be a list of integers >= 1 ([] = eval.k), got {list(self.k)}")
         check(all(r > 0 for r in self.request_rate),
-              f"eval.serving.request_rate must hold request rates > 0 (requests/s), got {list(self.request_rate)}")
-        check(self.max_tokens >= 1, f"eval.serving.max_tokens must be >= 1, got {self.max_tokens}")
-        check(self.max_prompts >= 1, f"eval.serving.max_prompts must be >= 1, got {self.max_prompts}")
-        check(self.warmup >= 0, f"eval.serving.warmup must be >= 0, got {self.warmup}")
+              f"serve.request_rate must hold request rates > 0 (requests/s), got {list(self.request_rate)}")
+        check(self.max_tokens >= 1, f"serve.max_tokens must be >= 1, got {self.max_tokens}")
+        check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
+        check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
         check((self.url is None) == (self.baseline_url is None),
-              "eval.serving.url and eval.serving.baseline_url go together: give the server with speculation on "
+              "serve.url and serve.baseline_url go together: give the server with speculation on "
               "(url) and the same target without it (baseline_url), or neither to launch vLLM here")
-        for key in ("url", "baseline_url"):
-            value = getattr(self, key)
-            check(value is None or value.startswith(("http://", "https://")),
-                  f"eval.serving.{key}={value!r} is not an http(s) URL (e.g. http://gpu-node:8000)")
-        check(self.startup_timeout_s > 0, f"eval.serving.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
-        check(self.request_timeout_s > 0, f"eval.serving.request_timeout_s must be > 0, got {self.request_timeout_s}")
-        check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
-              f"eval.serving.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        check(self.kvcache_gib > 0, f"eval.serving.kvcache_gib must be > 0 (GiB), got {self.kvcache_gib}")
+        check(self.baseline_url is None or self.baseline_url.startswith(("http://", "https://")),
+              f"serve.baseline_url={self.baseline_url!r} is not an http(s) URL (e.g. http://gpu-node:8001)")

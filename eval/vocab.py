@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode.errors import UserError
+from draftsmith.artifacts.errors import UserError
+from draftsmith.artifacts.formats import read_datagen
 from draftsmith.decode.vocab import coverage, frequency_vocab
 
 
@@ -25,14 +26,12 @@ def datagen_vocab(data_dir: str | None, size: int, width: int, eos) -> tuple[tor
     info: {"size", "source", "ranked_from_tokens" (train completion tokens), "heldout_coverage" (share
     of the held-out completions' tokens in the vocabulary: the most a draft restricted to it can match)}.
     """
-    import datasets
-
     if data_dir is None or not (Path(data_dir) / "manifest.json").exists():
         raise DraftVocabError(
             f"eval.draft_vocab={size} ranks tokens by what the target says in a datagen output's train split, and "
             f"{'this eval has none (its prompts come from data.prompts)' if data_dir is None else data_dir + ' is not one'}"
             f"; run the datagen stage (stages=[datagen,...,eval]) or set eval.draft_vocab=0 (the full vocabulary)")
-    data = datasets.load_from_disk(str(Path(data_dir) / "data"))
+    data, _ = read_datagen(data_dir, splits=("train",))
     train = data["train"]
     alternatives = train["topk_ids"] if "topk_ids" in train.column_names else ()
     alternatives = [[position[:8] for position in row] for row in alternatives]  # the target's top-8 at each position

@@ -35,7 +35,8 @@ import torch  # noqa: E402
 
 from draftsmith.decode.pair import load_model, load_tokenizer  # noqa: E402
 from draftsmith.demo import build_demo_target, demo_prompts  # noqa: E402
-from draftsmith.train.datagen import DatagenConfig, generate_all, target_eos_ids  # noqa: E402
+from draftsmith.decode.eos import pretrained_eos_ids  # noqa: E402
+from draftsmith.train.datagen import DatagenConfig, generate_all  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -93,7 +94,7 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
     cfg = DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, top_k_logprobs=args.top_k_logprobs,
                         vllm={"python": args.vllm_python, "kvcache_gib": 2})
-    eos = target_eos_ids(target, tokenizer)
+    eos = pretrained_eos_ids(target, tokenizer)
     rates = {name: [] for name in args.engine}
     outputs, server = {}, None
     with contextlib.ExitStack() as stack:

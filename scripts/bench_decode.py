@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts per K")
     ap.add_argument("--no-hf", action="store_true", help="skip HF assisted generation")
     ap.add_argument("--backend", default="auto", choices=["auto", "lean", "hf"],
-                    help="cached forward of draftsmith's loops (decode/lean.py)")
+                    help="cached forward of draftsmith's loops (decode/runners.py)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)

@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from draftsmith.decode import autoregressive_generate, speculative_generate  # noqa: E402
+from draftsmith.decode.eos import eos_token_id  # noqa: E402
 from draftsmith.decode.pair import load_model  # noqa: E402
+from draftsmith.decode.runners import logit_width  # noqa: E402
 from draftsmith.decode.timing import cost_ratios, mid_decode_context  # noqa: E402
 from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
 from draftsmith.eval.runner import heldout_prompts  # noqa: E402
@@ -53,12 +55,12 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     target = load_model(args.target, "target", "float32", "cpu")
     draft = load_model(args.draft, "draft", "float32", "cpu")
-    eos = target.generation_config.eos_token_id
+    eos = eos_token_id(target.generation_config)  # no tokenizer loaded: the generation config's only
     prompts = heldout_prompts(args.data, args.prompts)
     vocabs = {"full": None}
     coverage = {}
     for n in args.sizes:
-        ids, info = datagen_vocab(args.data, n, target.get_output_embeddings().weight.shape[0], eos)
+        ids, info = datagen_vocab(args.data, n, logit_width(target), eos)
         vocabs[str(n)] = ids
         coverage[str(n)] = info["heldout_coverage"]
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)

@@ -3,11 +3,11 @@ prompts brings it back, and the champion gate decides. Prints one JSON document.
 
     python scripts/drift_demo.py --registry-root registry      # needs a promoted demo draft: run `draftsmith` first
 
-The demo target is served by vLLM with the registry's production draft (decode/vllm.py; the draft and K from
+The demo target is served by vLLM with the registry's production draft (serve/server.py; the draft and K from
 the version's speculative_config.json) and driven by closed-loop greedy load (eval/load.py), phase by phase.
-Each phase is watched by draftsmith-monitor's poller (draftsmith/monitor_cli.py ``Monitor``: one window
-spanning the phase, polled every --interval s) against the promoted version's measured acceptance, and read
-from vLLM's spec-decode counters before and after it:
+Each phase is watched by draftsmith-monitor's poll loop (monitor/poll.py ``Monitor.run``: one window spanning
+the phase, polled every --interval s) against the promoted version's measured acceptance (monitor/reference.py),
+and read from vLLM's spec-decode counters (serve/metrics.py) before and after it:
 
 1. ``before/in_domain``: --prompts prompts cut from the demo domain packages (the traffic the draft was
    distilled for);
@@ -28,7 +28,7 @@ from vLLM's spec-decode counters before and after it:
    with K, so the before/after answers (``deltas``) compare phases served at one K.
 
 vLLM runs from --python (default: $DRAFTSMITH_VLLM_PYTHON, else ./.venv-vllm/bin/python), as the serving A/B;
-the retrain gets the same interpreter (DRAFTSMITH_VLLM_PYTHON), so the demo's ``eval.serving.engine=auto``
+the retrain gets the same interpreter (DRAFTSMITH_VLLM_PYTHON), so the demo's ``serve.engine=auto``
 finds vLLM as it would in the repository.
 """
 
@@ -50,8 +50,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.decode.errors import UserError  # noqa: E402
+from draftsmith.artifacts.errors import UserError  # noqa: E402
+from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR  # noqa: E402
 from draftsmith.demo import DOMAIN_PACKAGES, demo_prompts  # noqa: E402
+from draftsmith.monitor.window import DEFAULT_MARGIN  # noqa: E402
 
 # The shifted traffic: the pydoc help topics (pydoc_data/topics.py: English prose about Python) instead of code.
 # Neither demo model was trained on them (draftsmith.demo.stdlib_files leaves pydoc_data out), and the draft was
@@ -168,7 +170,7 @@ def promotion_summary(record: dict) -> dict:
 # -- phases ---------------------------------------------------------------------------------------------
 def phase_summary(name: str, records: list[dict], counters, load, wall_s: float) -> dict:
     """One phase: the monitor's window over it (its last record), the alerts it raised on the way, vLLM's
-    counters over the phase (`counters`: decode.vllm.SpecCounters) and the load's figures."""
+    counters over the phase (`counters`: serve.metrics.SpecCounters) and the load's figures."""
     last = records[-1]
     fired = [r for r in records if r.get("alerts")]
     ok = [r for r in load.requests if not r.error]
@@ -219,29 +221,23 @@ def deltas(phases: dict[str, dict], after: str = "after") -> dict:
 def watch_phase(url: str, rules, retrain: str | None, load_fn, interval: float, jsonl, phase: str) -> tuple:
     """Run `load_fn` while a :class:`Monitor` polls `url` every `interval` s (first poll before the load, last
     after it); each record goes to `jsonl` with its phase. Returns (records, load result, counters, wall_s)."""
-    from draftsmith.decode.vllm import counters_delta, scrape_metrics
-    from draftsmith.monitor_cli import Monitor
-    from draftsmith.eval.monitor import recommendation
+    from draftsmith.monitor.poll import Monitor, append_record
+    from draftsmith.serve.metrics import counters_delta, scrape_metrics
 
-    def poll():
-        record = monitor.poll()
-        kinds = {a.rule for a in monitor.alerts}
-        if kinds:
-            record["recommendation"] = recommendation(kinds, retrain)
+    def kept(record: dict) -> dict:
         record["phase"] = phase
-        jsonl.write(json.dumps(record) + "\n")
-        jsonl.flush()
+        append_record(jsonl, record)
         return record
 
-    monitor = Monitor(url, rules, PHASE_WINDOW_S)
+    finished, box = threading.Event(), {}
+    polls = Monitor(url, rules, PHASE_WINDOW_S, retrain_command=retrain).run(interval, until=finished)
     before = scrape_metrics(url)
-    records, box = [poll()], {}
+    records = [kept(next(polls))]  # the window's base, before the load
     started = time.monotonic()
-    worker = threading.Thread(target=lambda: box.update(_call(load_fn)))
+    worker = threading.Thread(target=lambda: (box.update(_call(load_fn)), finished.set()))
     worker.start()
-    while worker.is_alive():
-        worker.join(timeout=interval)
-        records.append(poll())
+    records += [kept(record) for record in polls]  # every interval, and once more when the load is done
+    worker.join()
     wall = time.monotonic() - started
     if "error" in box:
         raise box["error"]
@@ -259,12 +255,12 @@ def serve_phases(args, work: Path, label: str, reference: dict, target: str, spe
                  plan: list[tuple[str, list[list[int]]]], jsonl) -> tuple[dict, dict]:
     """Serve `target` with the draft of `reference` (the registry's draft dir; K from its `spec_config`) and run
     each (phase, prompts) of `plan` under the monitor. Returns ({phase name: summary}, {"command", "startup_s"})."""
-    from draftsmith.decode.vllm import ServerSpec, VllmServer
-    from draftsmith.eval.load import run_load, served_model
-    from draftsmith.eval.monitor import Rules
+    from draftsmith.eval.load import run_load
+    from draftsmith.monitor.reference import reference_rules
+    from draftsmith.serve.client import served_model
+    from draftsmith.serve.server import ServerSpec, VllmServer
 
-    rules = Rules(reference=reference["acceptance_rate"], margin=args.margin, min_acceptance=args.min_acceptance,
-                  reference_label=f"{reference['ref']} v{reference['version']}'s")
+    rules = reference_rules(reference, margin=args.margin, min_acceptance=args.min_acceptance)
     spec = ServerSpec(model=target, draft=reference["draft"], k=spec_config["num_speculative_tokens"],
                       python=args.python, kvcache_gib=args.kvcache_gib)
     started, phases = time.monotonic(), {}
@@ -325,8 +321,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (ignore_eos)")
     ap.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between the monitor's polls")
-    ap.add_argument("--margin", type=float, default=0.05, help="draftsmith-monitor --margin")
-    ap.add_argument("--min-acceptance", type=float, default=0.5, help="draftsmith-monitor --min-acceptance")
+    ap.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="draftsmith-monitor --margin")
+    ap.add_argument("--min-acceptance", type=float, default=ACCEPTANCE_FLOOR,
+                    help="draftsmith-monitor --min-acceptance")
     ap.add_argument("--shifted-packages", nargs="+", default=list(SHIFTED_PACKAGES))
     ap.add_argument("--retrain-arg", action="append", default=None, metavar="KEY=VALUE",
                     help="an override appended to the retrain command (repeatable; default: eval.compare_base=false, "
@@ -374,7 +371,7 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
 
 def main(argv=None) -> dict:
     from draftsmith.decode.pair import load_tokenizer
-    from draftsmith.decode.vllm import INSTALL_HINT, probe_vllm, vllm_python
+    from draftsmith.serve.server import INSTALL_HINT, probe_vllm, vllm_python
     from draftsmith.registry import LocalRegistry
 
     args = parse_args(argv)

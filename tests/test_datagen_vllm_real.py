@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import EOS_ID, make_model, make_tokenizer
-from draftsmith.decode.vllm import probe_vllm
+from draftsmith.serve.server import probe_vllm
 from test_serving_vllm import vllm_python
 from draftsmith.train.datagen import DatagenConfig, load_output, run
 

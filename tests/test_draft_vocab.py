@@ -12,8 +12,9 @@ import torch
 
 from conftest import make_model, perturbed_copy
 from draftsmith.decode import autoregressive_generate, speculative_generate
-from draftsmith.decode.lean import LeanModel, make_runner
-from draftsmith.decode.vocab import RestrictedRunner, coverage, frequency_vocab, load_vocab, save_vocab
+from draftsmith.decode.lean import LeanModel
+from draftsmith.decode.runners import RestrictedRunner, make_runner, runner_name
+from draftsmith.decode.vocab import coverage, frequency_vocab, load_vocab, save_vocab
 from stubs import random_table, scripted
 from test_pipeline import pair as pair  # noqa: F401  (the tiny model pair fixture)
 from test_sampling_distribution import PROMPT, V, chi_square_p, exact_first, sample_first, tv
@@ -61,11 +62,12 @@ def test_the_lean_head_computes_only_the_kept_rows_and_equals_the_full_logits_th
     ids = torch.tensor([1, 4, 7, 20, 33])
     tokens = torch.tensor([[3, 8, 2, 9, 14]])
     full = LeanModel(model, 32).forward(tokens, keep=3)
-    lean = LeanModel(model, 32, vocab=ids)
-    assert lean.head[0].shape[0] == len(ids)  # the head product streams only the kept rows
+    lean = make_runner(model, "lean", 32, vocab=ids)
+    assert isinstance(lean, RestrictedRunner) and lean.sliced and runner_name(lean) == "lean"
+    assert lean.runner.head[0].shape[0] == len(ids)  # the head product streams only the kept rows
     cut = lean.forward(tokens, keep=3)
     hf = make_runner(model, "hf", vocab=ids)
-    assert isinstance(hf, RestrictedRunner)
+    assert isinstance(hf, RestrictedRunner) and not hf.sliced and runner_name(hf) == "hf"
     cut_hf = hf.forward(tokens, keep=3)
     assert cut.shape == cut_hf.shape == (3, width)
     torch.testing.assert_close(cut[:, ids], full[:, ids])
@@ -82,7 +84,7 @@ def test_a_vocabulary_id_outside_the_head_is_a_clear_error():
     model = make_model("llama", seed=1, layers=1, hidden=16)
     width = model.get_output_embeddings().weight.shape[0]
     with pytest.raises(ValueError, match=rf"ids must be in \[0, {width}\)"):
-        LeanModel(model, 16, vocab=torch.tensor([0, width]))
+        make_runner(model, "lean", 16, vocab=torch.tensor([0, width]))
     with pytest.raises(ValueError, match="empty"):
         make_runner(model, "hf", vocab=torch.tensor([], dtype=torch.long))
 
@@ -174,3 +176,13 @@ def test_draft_vocab_without_a_datagen_output_fails_before_any_work(pair, tmp_pa
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, tiny_args(pair, tmp_path, "eval.draft_vocab=-1"))
     assert "eval.draft_vocab must be an integer >= 0" in capsys.readouterr().err
+
+
+def test_the_lean_forward_and_the_vocabulary_do_not_import_each_other():
+    """decode/runners.py makes the one slice-or-mask decision: lean.py slices the rows it is given, vocab.py knows
+    no runner."""
+    from test_import_direction import ROOT, imported_modules
+
+    assert not any(n.startswith("draftsmith.decode.vocab") for n in imported_modules(ROOT / "decode" / "lean.py"))
+    assert not any(n.startswith(("draftsmith.decode.lean", "draftsmith.decode.runners"))
+                   for n in imported_modules(ROOT / "decode" / "vocab.py"))

@@ -14,9 +14,9 @@ from monitor_fakes import ScriptedMetrics, make_registry, metrics_text
 from test_pipeline import pair, run_cli, tiny_args  # noqa: F401  (pair is a fixture)
 
 from draftsmith.demo import DOMAIN_PACKAGES, in_domain, stdlib_files, train_tokenizer
-from draftsmith.monitor_cli import promoted_reference
 from draftsmith.eval.load import LoadResult, RequestResult
-from draftsmith.eval.monitor import Rules
+from draftsmith.monitor.window import Rules
+from draftsmith.monitor_cli import promoted_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import drift_demo  # noqa: E402
@@ -156,6 +156,14 @@ def test_the_retrain_is_the_monitors_command_with_out_dir(tmp_path):
 def test_no_production_draft_says_to_run_draftsmith_first(tmp_path):
     with pytest.raises(drift_demo.DriftDemoError, match=r"no production draft of 'demo': run `draftsmith registry"):
         drift_demo.production(tmp_path / "registry", "demo", "production")
+
+
+def test_the_demo_watches_with_the_monitors_defaults():
+    from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
+    from draftsmith.monitor.window import DEFAULT_MARGIN
+
+    args = drift_demo.parse_args([])
+    assert (args.margin, args.min_acceptance) == (DEFAULT_MARGIN, ACCEPTANCE_FLOOR)
 
 
 def test_promotion_summary_reads_the_gate_decision():

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from conftest import make_model, perturbed_copy
-from draftsmith.decode.errors import ConfigError
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.artifacts.formats import ArtifactError
 from draftsmith.eval.runner import EvalConfig, EvalError, load_metrics, run
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
@@ -84,7 +85,7 @@ def test_bad_grid_is_a_clear_error(kwargs, match):
 
 
 def test_malformed_metrics_are_clear_errors(tmp_path):
-    with pytest.raises(EvalError, match="run the eval stage first"):
+    with pytest.raises(ArtifactError, match="run the eval stage first"):
         load_metrics(tmp_path)
     (tmp_path / "metrics.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):

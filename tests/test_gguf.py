@@ -20,7 +20,7 @@ from conftest import make_model, make_tokenizer  # noqa: E402
 from gguf_writer import CHAT_TEMPLATE, make_bpe_tokenizer, make_llama, write_llama_gguf  # noqa: E402
 from test_pipeline import _expect_user_error, run_cli, tiny_args  # noqa: E402
 
-from draftsmith.decode.errors import ConfigError, UserError  # noqa: E402
+from draftsmith.artifacts.errors import ConfigError, UserError  # noqa: E402
 from draftsmith.decode.gguf import GgufError, is_gguf  # noqa: E402
 from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer  # noqa: E402
 from draftsmith.config import PairConfig  # noqa: E402

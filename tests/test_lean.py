@@ -7,7 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from conftest import make_model, perturbed_copy, prompts
 from draftsmith.decode import autoregressive_generate, speculative_generate
 from draftsmith.decode.cache import CachedModel
-from draftsmith.decode.lean import LeanModel, lean_unsupported, make_runner
+from draftsmith.decode.lean import LeanModel, lean_unsupported
+from draftsmith.decode.runners import make_runner
 from draftsmith.decode.timing import cost_ratios
 
 V = 64

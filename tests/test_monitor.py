@@ -14,12 +14,16 @@ import pytest
 from monitor_fakes import NOT_VLLM, PLAIN, RECORDED, ScriptedMetrics, make_registry, metrics_text
 from test_serving_vllm import vllm_info, vllm_python  # noqa: F401  (the same skip rule and interpreter)
 
-from draftsmith.decode.errors import ConfigError
-from draftsmith.decode.vllm import SpecCounters
 from draftsmith import monitor_cli
-from draftsmith.monitor_cli import base_url, promoted_reference
-from draftsmith.eval.monitor import (Rules, Window, WindowStats, check_rules, metric_names, missing_metrics_message,
-                          recommendation, snapshot, status, window_stats)
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
+from draftsmith.monitor import poll
+from draftsmith.monitor.poll import Monitor, base_url, metric_names, missing_metrics_message
+from draftsmith.monitor.reference import MissingReferenceError, reference_rules, version_reference
+from draftsmith.monitor.window import (Rules, Window, WindowStats, check_rules, recommendation, snapshot, status,
+                                       window_stats)
+from draftsmith.monitor_cli import promoted_reference
+from draftsmith.serve.metrics import SpecCounters
 
 T0 = metrics_text({"0": (100, 300, 150, [70, 50, 30])})
 T10 = metrics_text({"0": (160, 480, 246, [110, 80, 56])})
@@ -175,6 +179,57 @@ def test_the_retrain_command_composes_as_a_draftsmith_config(tmp_path):
     assert "prompts: recent.jsonl" in proc.stdout and f"draft: {registry.path('demo', 1) / 'draft'}" in proc.stdout
 
 
+def test_the_room_reads_the_reference_from_what_the_spine_resolves(tmp_path):
+    """monitor/reference.py takes the version directory and its version.json record (no registry object)."""
+    registry = make_registry(tmp_path / "registry", cells=CELLS)
+    record, path = registry.resolve("demo", "production"), registry.path("demo", "production")
+    ref = version_reference(path, record, ref="production", root=registry.root)
+    assert ref == promoted_reference(registry, "demo") and ref["root"] == str(registry.root)
+    assert ref["acceptance_rate"] == 0.8 and ref["draft"] == str(path / "draft")
+    rules = reference_rules(ref, margin=0.1)
+    assert rules.reference == 0.8 and rules.drift_threshold == pytest.approx(0.7)
+    assert rules.reference_label == "production v1's" and rules.min_acceptance == ACCEPTANCE_FLOOR
+    assert reference_rules(None).reference is None and reference_rules(None).drift_threshold is None
+
+
+def test_a_version_without_an_acceptance_rate_says_to_watch_the_floor_only(tmp_path, capsys):
+    registry = make_registry(tmp_path / "registry", serving=False, summary_rate=None)
+    with pytest.raises(MissingReferenceError, match="records no acceptance rate .*without --registry"):
+        promoted_reference(registry, "demo")
+    assert monitor_cli.main(["http://127.0.0.1:9", "--registry", "demo", "--root", str(registry.root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftsmith-monitor: error: registry ") and len(err.splitlines()) == 1
+
+
+def test_the_floor_default_is_the_one_acceptance_floor():
+    assert ACCEPTANCE_FLOOR == 0.5 and Rules().min_acceptance == ACCEPTANCE_FLOOR
+    assert monitor_cli.parse_args(["http://h:8000"]).min_acceptance == ACCEPTANCE_FLOOR
+
+
+# -- the poll loop ------------------------------------------------------------------------------------
+def test_the_poll_loop_stops_on_count_and_right_after_until_is_set():
+    with ScriptedMetrics([T0, T10]) as server:
+        records = list(Monitor(server.url, Rules(), 60).run(0.01, count=3))
+        assert [r["status"] for r in records] == ["warming up", "ok", "ok"]
+        done = threading.Event()
+        threading.Timer(0.3, done.set).start()
+        start = time.monotonic()
+        watched = list(Monitor(server.url, Rules(), 60).run(30.0, until=done))  # the set cuts the 30 s wait short
+    assert time.monotonic() - start < 10 and [r["status"] for r in watched] == ["warming up", "idle"]
+    assert server.gets == 5
+
+
+def test_a_poll_with_alerts_carries_the_recommendation_with_the_retrain_command():
+    base = metrics_text({"0": (100, 200, 160, [85, 75])})
+    drifted = metrics_text({"0": (300, 600, 260, [150, 110])})  # +400 drafted, +100 accepted: 0.25
+    with ScriptedMetrics([base, drifted]) as server:
+        monitor = Monitor(server.url, Rules(reference=0.8, min_draft_tokens=10), 60, retrain_command="draftsmith X=1")
+        first, second = monitor.poll(t=0.0), monitor.poll(t=5.0)
+    assert "recommendation" not in first and [a.rule for a in monitor.alerts] == ["drift", "floor"]
+    assert second["recommendation"][0].startswith("disable speculation") and "`draftsmith X=1`" in \
+        second["recommendation"][1]
+
+
 # -- the CLI against a scripted /metrics endpoint ------------------------------------------------------
 def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -279,7 +334,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch, capsys):
         raise KeyboardInterrupt
 
     with ScriptedMetrics([T0, T10]) as server:
-        monkeypatch.setattr(monitor_cli.time, "sleep", interrupt)
+        monkeypatch.setattr(poll.time, "sleep", interrupt)  # the poll loop's wait (monitor/poll.py)
         assert monitor_cli.main([server.url, "--interval", "1", "--jsonl", str(tmp_path / "s.jsonl")]) == 0
     assert "stopped after 1 poll(s)" in capsys.readouterr().out
     assert len(read_jsonl(tmp_path / "s.jsonl")) == 1
@@ -291,8 +346,9 @@ README_COMMANDS = ["draftsmith-monitor http://localhost:8000 --registry demo --j
 
 def test_readme_monitor_commands(tmp_path, monkeypatch):
     """The README's commands as written, against a scripted server and a registry in tmp_path (tests/test_readme.py)."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert all(command in readme for command in README_COMMANDS)
+    from test_readme import documented_text
+
+    assert all(command in documented_text() for command in README_COMMANDS)  # README.md or a docs/ page
     registry = make_registry(tmp_path / "registry", cells=CELLS)  # production measured at 0.8
     monkeypatch.chdir(tmp_path)  # the registry root is the default "registry"; monitor.jsonl lands here
     good = metrics_text({"0": (200, 400, 320, [170, 150])})
@@ -311,8 +367,10 @@ def test_readme_monitor_commands(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     from conftest import make_model, make_tokenizer, perturbed_copy, prompts
-    from draftsmith.decode.vllm import ServerSpec, VllmServer, counters_delta, scrape_metrics
-    from draftsmith.eval.load import run_load, served_model
+    from draftsmith.serve.metrics import counters_delta, scrape_metrics
+    from draftsmith.serve.server import ServerSpec, VllmServer
+    from draftsmith.eval.load import run_load
+    from draftsmith.serve.client import served_model
 
     tokenizer = make_tokenizer()
     target = make_model("llama", seed=0, hidden=128)  # as tests/test_serving_vllm.py: vLLM's smallest CPU head_dim

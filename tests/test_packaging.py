@@ -6,6 +6,7 @@ imports and composes its own config, and the user's modules stay the user's.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,11 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_the_wheel_installs_only_draftsmith(tmp_path):
-    """Build the wheel (no network: the installed setuptools) and read its names."""
+    """Build the wheel from a copy of the checkout (no network: the installed setuptools) and read its names."""
+    src = tmp_path / "src"
+    top_level_junk = {"build", "dist", "runs", "registry", "sweeps", "outputs", "wandb"}
+
+    def ignore(folder, names):
+        return [n for n in names if n.startswith(".") or n.endswith(".egg-info") or n == "__pycache__"
+                or (Path(folder) == ROOT and n in top_level_junk)]
+
+    shutil.copytree(ROOT, src, ignore=ignore)
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-q", "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                           "-q", "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = tmp_path.glob("draftsmith-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("draftsmith-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"draftsmith"}

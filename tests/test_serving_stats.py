@@ -2,8 +2,8 @@
 
 import pytest
 
-from draftsmith.decode.errors import ConfigError
-from draftsmith.decode.vllm import SpecCounters, counters_delta, parse_spec_counters
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.serve.metrics import SpecCounters, counters_delta, parse_spec_counters
 from draftsmith.eval.load import LoadResult, RequestResult
 from draftsmith.eval.serving_stats import (
     best_k_per_concurrency,
@@ -186,14 +186,14 @@ def test_no_spec_counters_on_a_plain_server():
 
 # -- settings ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, key", [
-    ({"engine": "sglang"}, "eval.serving.engine"),
-    ({"concurrency": []}, "eval.serving.concurrency"),
-    ({"concurrency": [0, 4]}, "eval.serving.concurrency"),
-    ({"request_rate": [0.0]}, "eval.serving.request_rate"),
-    ({"max_tokens": 0}, "eval.serving.max_tokens"),
-    ({"url": "http://h:8000"}, "eval.serving.baseline_url"),
-    ({"url": "h:8000", "baseline_url": "http://h:8001"}, "eval.serving.url"),
-    ({"gpu_memory_utilization": 1.5}, "eval.serving.gpu_memory_utilization"),
+    ({"engine": "sglang"}, "serve.engine"),
+    ({"concurrency": []}, "serve.concurrency"),
+    ({"concurrency": [0, 4]}, "serve.concurrency"),
+    ({"request_rate": [0.0]}, "serve.request_rate"),
+    ({"max_tokens": 0}, "serve.max_tokens"),
+    ({"url": "http://h:8000"}, "serve.baseline_url"),
+    ({"url": "h:8000", "baseline_url": "http://h:8001"}, "serve.url"),
+    ({"gpu_memory_utilization": 1.5}, "serve.gpu_memory_utilization"),
 ])
 def test_serving_settings_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

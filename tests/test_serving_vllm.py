@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_model, make_tokenizer, perturbed_copy, prompts
-from draftsmith.decode.vllm import probe_vllm
+from draftsmith.serve.server import probe_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 

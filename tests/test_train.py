@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import make_model, make_tokenizer
-from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.artifacts.errors import ConfigError, UserError
 from draftsmith.train import trainer
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
@@ -74,7 +74,7 @@ def test_lora_merged_model_matches_base_plus_adapter(pair_dirs, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    trainer.run(cfg(pair_dirs, tmp_path, method="lora", lora_r=4, steps=8, lr=1e-2))
+    trainer.run(cfg(pair_dirs, tmp_path, finetune="lora", lora_r=4, steps=8, lr=1e-2))
     out = tmp_path / "train"
     merged = AutoModelForCausalLM.from_pretrained(out / "draft").eval()
     base = AutoModelForCausalLM.from_pretrained(pair_dirs / "draft")
@@ -90,7 +90,7 @@ def test_lora_merged_model_matches_base_plus_adapter(pair_dirs, tmp_path):
 
 def test_lora_modules_that_match_nothing(pair_dirs, tmp_path):
     with pytest.raises(TrainingError, match=r"matches no module.*q_proj"):
-        trainer.run(cfg(pair_dirs, tmp_path, method="lora", lora_target_modules=["attn_c"]))
+        trainer.run(cfg(pair_dirs, tmp_path, finetune="lora", lora_target_modules=["attn_c"]))
 
 
 def test_resume_gives_the_same_weights(pair_dirs, tmp_path, monkeypatch):
@@ -193,7 +193,7 @@ def test_bad_inputs_fail_before_training(pair_dirs, tmp_path, tokenizer):
     with pytest.raises(ConfigError, match="method.loss='kl' is not one of"):
         TrainConfig(data_dir="d", draft="x", out_dir="o", loss="kl", target="t")
     with pytest.raises(ConfigError, match="method.lora_r must be >= 1"):  # the rank, not the target modules
-        TrainConfig(data_dir="d", draft="x", out_dir="o", method="lora", lora_r=0)
+        TrainConfig(data_dir="d", draft="x", out_dir="o", finetune="lora", lora_r=0)
 
 
 @pytest.mark.slow

@@ -111,7 +111,7 @@ def test_the_head_runs_only_at_the_loss_positions_with_the_same_logits(lora, tok
 
     model = make_model("llama", layers=2, hidden=32)
     if lora:
-        model = apply_lora(model, TrainConfig(data_dir="d", draft="x", out_dir="o", method="lora", lora_r=4))
+        model = apply_lora(model, TrainConfig(data_dir="d", draft="x", out_dir="o", finetune="lora", lora_r=4))
     rows = [{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9]}, {"prompt_ids": [10, 11], "completion_ids": [12, 13, 14]}]
     batch = collate(rows, pad_id=0)
     seen = []

@@ -10,11 +10,12 @@ Output (written atomically to ``cfg.out_dir``): a ``datasets.DatasetDict`` saved
     topk_ids         list[list[int]]    (top_k_logprobs > 0) the target's top-k token ids per completion position
     topk_logprobs    list[list[float]]  their log-probabilities (temperature 1, before any filter)
 
-and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, provenance).
+and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, provenance);
+the format's reader and writer are draftsmith.artifacts.formats (every stage reads it there).
 
 Two engines make the same rows (``data.engine``): ``hf`` runs transformers' ``generate`` here in
 left-padded batches; ``vllm`` sends the same prompt token ids to vLLM's server (train/datagen_vllm.py).
-Both end a completion at the first token of the same EOS set (:func:`eos_ids`, :func:`trim_at_eos`).
+Both end a completion at the first token of the same EOS set (decode/eos.py's ``eos_ids``, :func:`trim_at_eos`).
 Prompt reading, the held-out split, the manifest and the atomic write are shared (:func:`run`).
 """
 
@@ -28,18 +29,16 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
+from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash
+from draftsmith.artifacts.formats import read_datagen, write_datagen
+from draftsmith.decode.eos import eos_ids, pretrained_eos_ids
 from draftsmith.decode.pair import load_model, load_tokenizer
-from draftsmith.decode.progress import progress
-from draftsmith.decode.errors import UserError, check
+from draftsmith.artifacts.progress import progress
+from draftsmith.artifacts.errors import check
 from draftsmith.train.prompts import PromptError, prepare_prompts, read_prompts
 from draftsmith.train.settings import DatagenSettings
 
 SCHEMA_VERSION = 1
-
-
-class DatagenError(UserError, ValueError):
-    """A datagen input or output that cannot be used; the message names the directory."""
 
 
 @dataclass(kw_only=True)
@@ -92,27 +91,6 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfi
     return records
 
 
-def eos_ids(generation_config, tokenizer) -> set[int]:
-    """The token ids that end a completion: the generation config's ``eos_token_id`` (an id or a list), else the
-    tokenizer's EOS."""
-    eos = getattr(generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos]) - {None}
-
-
-def target_eos_ids(target: str, tokenizer) -> set[int]:
-    """:func:`eos_ids` of `target` without loading its weights: its generation config as ``from_pretrained`` builds
-    it (generation_config.json, else derived from config.json)."""
-    from transformers import AutoConfig, GenerationConfig
-
-    try:
-        generation_config = GenerationConfig.from_pretrained(target)
-    except OSError:
-        generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(target))
-    return eos_ids(generation_config, tokenizer)
-
-
 def trim_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
     """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines."""
     end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
@@ -147,7 +125,7 @@ def generate_splits(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[
     if cfg.engine == "vllm":
         from draftsmith.train import datagen_vllm
 
-        eos = target_eos_ids(cfg.target, tokenizer)
+        eos = pretrained_eos_ids(cfg.target, tokenizer)
         log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure
         with datagen_vllm.engine(cfg, log) as served:
             started = time.perf_counter()
@@ -191,8 +169,7 @@ def run(cfg: DatagenConfig) -> dict:
         "provenance": provenance(),
     }
     with atomic_dir(cfg.out_dir) as tmp:
-        ds.save_to_disk(str(tmp / "data"))
-        write_json(tmp / "manifest.json", manifest)
+        write_datagen(tmp, ds, manifest)
         for log in logs:
             shutil.copy(log, tmp / log.name)
     for log in logs:
@@ -213,14 +190,6 @@ def _features(with_topk: bool):
 
 
 def load_output(out_dir: str | Path):
-    """(DatasetDict, manifest) of a datagen output; a clear error when it is missing or incomplete."""
-    import json
-
-    import datasets
-
-    out_dir = Path(out_dir)
-    manifest_path = out_dir / "manifest.json"
-    if not manifest_path.exists():
-        raise DatagenError(f"{out_dir} is not a datagen output (no manifest.json); run the datagen stage first")
-    manifest = json.loads(manifest_path.read_text())
-    return datasets.load_from_disk(str(out_dir / "data")), manifest
+    """(DatasetDict, manifest) of a datagen output (:func:`draftsmith.artifacts.formats.read_datagen`: a clear
+    error naming the directory when it is missing or incomplete)."""
+    return read_datagen(out_dir)

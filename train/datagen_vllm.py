@@ -1,8 +1,9 @@
 """datagen on vLLM (``data.engine=vllm``): the target's completions and top-k log-probs from vLLM's server.
 
 The same rows as the HF engine (train/datagen.py), so train and eval cannot tell which engine made a
-dataset. The server is vLLM's OpenAI-compatible one, started by :class:`decode.vllm.VllmServer` (its
-own venv, always stopped) unless ``data.vllm.url`` names one running elsewhere; requests go to
+dataset. The server is vLLM's OpenAI-compatible one, started by
+:class:`draftsmith.serve.server.VllmServer` (its own venv, always stopped) unless ``data.vllm.url``
+names one running elsewhere; requests go through :mod:`draftsmith.serve.client`, to
 ``/v1/completions``, ``data.batch_size`` of them in flight, and vLLM batches them continuously.
 
 One request per prompt::
@@ -27,15 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from draftsmith.decode.progress import progress
-from draftsmith.decode.vllm import ServerSpec, VllmError, VllmServer, http_get, require_vllm
+from draftsmith.artifacts.progress import progress
+from draftsmith.serve.client import async_client, post_completion, served_model, server_version
+from draftsmith.serve.errors import VllmError
+from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
 from draftsmith.train.datagen import trim_at_eos
 
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -121,46 +122,22 @@ def refusal_hint(detail: str, cfg) -> str:
     return ""
 
 
-async def _post(client, url: str, body: dict, index: int, cfg, attempts: int = 3) -> dict:
-    """POST one request; transport errors and 5xx are retried (`attempts` in all), a 4xx is an error at once."""
-    import httpx
-
-    error = ""
-    for attempt in range(attempts):
-        try:
-            resp = await client.post(url + "/v1/completions", json=body)
-        except httpx.TransportError as exc:  # connection refused or reset, timeouts
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            if resp.status_code == 200:
-                return resp.json()
-            detail = resp.text[:400]
-            if resp.status_code < 500:
-                raise VllmError(f"{url}/v1/completions refused prompt {index} (HTTP {resp.status_code}: {detail})"
-                                + refusal_hint(detail, cfg))
-            error = f"HTTP {resp.status_code}: {detail}"
-        await asyncio.sleep(2.0 ** attempt)
-    raise VllmError(f"{url}/v1/completions failed for prompt {index} after {attempts} attempts ({error}); is the "
-                    "server up? (data.vllm.request_timeout_s bounds one request)")
-
-
 async def _generate(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], bar) -> list[list[dict]]:
     """Every prompt's records, `cfg.batch_size` requests in flight (each worker sends its next when one returns)."""
-    import httpx
-
     results: list[Optional[list[dict]]] = [None] * len(prompts)
     todo = iter(range(len(prompts)))  # shared: each worker takes the next prompt
     workers = max(1, min(cfg.batch_size, len(prompts)))
     started, n_tokens = time.perf_counter(), 0
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
-    limits = httpx.Limits(max_connections=workers + 2, max_keepalive_connections=workers + 2)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.vllm.request_timeout_s), limits=limits) as client:
+    async with async_client(workers, cfg.vllm.request_timeout_s, what="data.engine=vllm") as client:
 
         async def worker():
             nonlocal n_tokens
             for i in todo:
                 body = request_body(model, prompts[i], cfg, eos, seed=cfg.seed + i)
-                results[i] = records_of(await _post(client, url, body, i, cfg), prompts[i], cfg, eos)
+                response = await post_completion(client, url, body, what=f"prompt {i}",
+                                                 refusal_hint=lambda detail: refusal_hint(detail, cfg),
+                                                 timeout_key="data.vllm.request_timeout_s")
+                results[i] = records_of(response, prompts[i], cfg, eos)
                 n_tokens += sum(len(r["completion_ids"]) for r in results[i])
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - started):.1f}")
@@ -173,10 +150,6 @@ async def _generate(url: str, model: str, prompts: list[list[int]], cfg, eos: se
 
 def generate_all(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], desc: str) -> list[dict]:
     """All completions for `prompts` from the vLLM server at `url`, rows in prompt order (as the HF engine's)."""
-    try:
-        import httpx  # noqa: F401
-    except ImportError as exc:
-        raise VllmError("data.engine=vllm needs httpx: pip install -e '.[serving]'") from exc
     if not prompts:
         return []
     bar = progress(total=len(prompts), desc=desc, unit="prompt")
@@ -190,41 +163,18 @@ def generate_all(url: str, model: str, prompts: list[list[int]], cfg, eos: set[i
 
 
 # -- the engine -------------------------------------------------------------------------------------
-def served_model(url: str) -> str:
-    """The first model id of ``GET {url}/v1/models`` (the name requests must use)."""
-    status, body = http_get(url.rstrip("/") + "/v1/models", timeout_s=30.0)
-    try:
-        return json.loads(body)["data"][0]["id"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise VllmError(f"{url}/v1/models answered {status or 'nothing'} without a model id: is data.vllm.url a "
-                        "running vLLM server?") from None
-
-
-def server_version(url: str) -> Optional[str]:
-    """vLLM's version from ``GET {url}/version`` (None when it does not say)."""
-    status, body = http_get(url.rstrip("/") + "/version", timeout_s=10.0)
-    try:
-        return json.loads(body).get("version") if status == 200 else None
-    except (ValueError, AttributeError):
-        return None
-
-
 def server_args(cfg) -> list[str]:
-    """The api_server arguments datagen adds: parallelism, the raw log-probs and their cap, then data.vllm.extra_args."""
-    s = cfg.vllm
-    args = ["--tensor-parallel-size", str(s.tensor_parallel_size), "--data-parallel-size", str(s.data_parallel_size),
-            "--logprobs-mode", "raw_logprobs", "--disable-uvicorn-access-log"]
+    """The api_server arguments datagen adds (the raw log-probs and their cap); the spec puts the parallelism before
+    them and data.vllm.extra_args after them."""
+    args = ["--logprobs-mode", "raw_logprobs", "--disable-uvicorn-access-log"]
     if cfg.top_k_logprobs > VLLM_MAX_LOGPROBS:
         args += ["--max-logprobs", str(cfg.top_k_logprobs)]
-    return args + [str(a) for a in s.extra_args]
+    return args
 
 
 def server_spec(cfg, device: str) -> ServerSpec:
     """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`."""
-    s = cfg.vllm
-    return ServerSpec(model=cfg.target, python=s.python, dtype=cfg.dtype, device=device,
-                      gpu_memory_utilization=s.gpu_memory_utilization, kvcache_gib=s.kvcache_gib,
-                      enforce_eager=s.enforce_eager, extra_args=server_args(cfg))
+    return cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=server_args(cfg))
 
 
 @dataclass
@@ -242,7 +192,8 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
     s = cfg.vllm
     if s.url:
         url = s.url.rstrip("/")
-        yield Engine(url, served_model(url), {"name": "vllm", "url": url, "version": server_version(url)})
+        yield Engine(url, served_model(url, key="data.vllm.url"),
+                     {"name": "vllm", "url": url, "version": server_version(url)})
         return
     started = time.perf_counter()
     found = require_vllm(s.python, key="data.vllm.python", engine_key="data.engine")
@@ -251,4 +202,4 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
     with VllmServer(spec, log_path=log_path, startup_timeout_s=s.startup_timeout_s) as server:
         info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
                 "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
-        yield Engine(server.url, served_model(server.url), info)
+        yield Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)

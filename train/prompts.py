@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.decode.errors import ConfigError, UserError
+from draftsmith.artifacts.errors import ConfigError, UserError
 
 
 class PromptError(UserError, ValueError):

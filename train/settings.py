@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from draftsmith.decode.errors import check, check_choice
+from draftsmith.artifacts.errors import check, check_choice
+from draftsmith.serve.settings import ServerSettings
 from draftsmith.train.prompts import PromptFormat, PromptSource
 
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
@@ -22,36 +23,15 @@ ENGINES = ("hf", "vllm")
 
 
 @dataclass(kw_only=True)
-class DatagenVllmSettings:
+class DatagenVllmSettings(ServerSettings):
     """How datagen runs the target on vLLM (``data.engine=vllm``): the schema of the ``data.vllm.*`` keys.
 
-    The names are eval.serving.*'s where the meaning is the same. vLLM's OpenAI-compatible server is
-    started here (train/datagen_vllm.py) unless `url` names one that runs elsewhere.
+    The server settings shared with the serving A/B (``serve.*``: draftsmith/serve/settings.py), under
+    their datagen prefix. vLLM's OpenAI-compatible server is started here (train/datagen_vllm.py) unless
+    `url` names one that runs elsewhere.
     """
 
-    python: Optional[str] = None  # the interpreter that imports vllm (its own venv); None = $DRAFTSMITH_VLLM_PYTHON,
-    # else ./.venv-vllm/bin/python when it exists, else this one
-    url: Optional[str] = None  # a running vLLM server of the target (e.g. on a GPU node): nothing is launched
-    tensor_parallel_size: int = 1  # GPUs one copy of the target is split over (vLLM --tensor-parallel-size)
-    data_parallel_size: int = 1  # copies of the target behind the one server (vLLM --data-parallel-size)
-    gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU
-    kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE (CPU backend only)
-    enforce_eager: bool = True  # skip graph capture / compilation (fast start-up; false on a GPU for throughput)
-    startup_timeout_s: float = 600.0  # wait for the server's /health (a large target loads for minutes)
-    request_timeout_s: float = 600.0
-    extra_args: list[str] = field(default_factory=list)  # more api_server arguments, e.g. ["--max-num-seqs", "512"]
-
-    def __post_init__(self):
-        for key in ("tensor_parallel_size", "data_parallel_size"):
-            value = getattr(self, key)
-            check(isinstance(value, int) and value >= 1, f"data.vllm.{key} must be an integer >= 1, got {value!r}")
-        check(self.url is None or self.url.startswith(("http://", "https://")),
-              f"data.vllm.url={self.url!r} is not an http(s) URL (e.g. http://gpu-node:8000)")
-        check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
-              f"data.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        check(self.kvcache_gib > 0, f"data.vllm.kvcache_gib must be > 0 (GiB), got {self.kvcache_gib}")
-        check(self.startup_timeout_s > 0, f"data.vllm.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
-        check(self.request_timeout_s > 0, f"data.vllm.request_timeout_s must be > 0, got {self.request_timeout_s}")
+    KEY: ClassVar[str] = "data.vllm"
 
 
 @dataclass(kw_only=True)
@@ -101,10 +81,13 @@ class DatagenSettings(PromptFormat):
         return PromptSource(self.prompts, **fmt)
 
 
-METHODS = ("full", "lora")
+FINETUNES = ("full", "lora")
 TEACHERS = ("cached", "online")
 CACHED_TAILS = ("uniform", "bucket")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+
+
+RENAMED = {"method": "finetune"}  # TrainSettings fields that were renamed: old -> new (draftsmith/config.py RENAMED)
 
 
 @dataclass(kw_only=True)
@@ -115,7 +98,7 @@ class TrainSettings:
     """
 
     name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
-    method: str = "full"  # full | lora
+    finetune: str = "full"  # what training changes: full (every weight) | lora (adapters, merged into the draft)
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
     teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
@@ -144,9 +127,9 @@ class TrainSettings:
     device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self):
-        check(not (self.freeze_embeddings and self.method == "lora"),
-              "method.freeze_embeddings applies to method.method=full (LoRA already keeps the embeddings fixed)")
-        check_choice("method.method", self.method, METHODS)
+        check(not (self.freeze_embeddings and self.finetune == "lora"),
+              "method.freeze_embeddings applies to method.finetune=full (LoRA already keeps the embeddings fixed)")
+        check_choice("method.finetune", self.finetune, FINETUNES)
         check_choice("method.loss", self.loss, LOSSES)
         check_choice("method.teacher", self.teacher, TEACHERS)
         check_choice("method.cached_tail", self.cached_tail, CACHED_TAILS)
@@ -162,7 +145,7 @@ class TrainSettings:
         check(self.warmup_steps >= 0, f"method.warmup_steps must be >= 0, got {self.warmup_steps}")
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
-        if self.method == "lora":
+        if self.finetune == "lora":
             check(self.lora_r >= 1, f"method.lora_r must be >= 1 (the LoRA rank), got {self.lora_r}")
             check(self.lora_alpha > 0, f"method.lora_alpha must be > 0, got {self.lora_alpha}")
             check(0.0 <= self.lora_dropout < 1.0, f"method.lora_dropout must be in [0, 1), got {self.lora_dropout}")

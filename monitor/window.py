@@ -1,10 +1,10 @@
 """Watching a served draft: windowed speculative-decoding figures from vLLM's ``/metrics``, and the alert rules.
 
 Pure arithmetic over time-stamped snapshots of vLLM's spec-decode counters; reading and summing them
-is decode/vllm.py's (``spec_series``, ``series_delta``, ``sum_series``, :class:`SpecCounters`), so the
-monitor and the serving A/B count the same way. ``draftsmith-monitor`` (draftsmith/monitor_cli.py)
-polls a server and feeds :class:`Window`; ``draftsmith-registry export-alerts`` (eval/alert_rules.py)
-writes the same rules for Prometheus.
+is serve/metrics.py's (``spec_series``, ``series_delta``, ``sum_series``, :class:`SpecCounters`), so the
+monitor and the serving A/B count the same way. monitor/poll.py polls a server and feeds :class:`Window`
+(``draftsmith-monitor`` and scripts/drift_demo.py); monitor/alert_rules.py writes the same rules for
+Prometheus (``draftsmith-registry export-alerts``).
 
 The window. A :class:`Window` of ``W`` seconds keeps the snapshots of the last ``W`` seconds plus the
 newest one taken before them (the base), so consecutive polls ``W`` apart still make a window. The
@@ -28,8 +28,8 @@ The rules (:func:`check_rules`), on a window with at least ``min_draft_tokens`` 
 
 - **drift**: acceptance below the promotion-time figure (``reference``) by more than ``margin``;
   traffic has moved away from what the draft was trained on;
-- **floor**: acceptance below ``min_acceptance`` (default 0.5): the rule of thumb below which
-  speculation usually costs more than it saves.
+- **floor**: acceptance below ``min_acceptance`` (default ``ACCEPTANCE_FLOOR``, 0.5,
+  decode/acceptance.py): the rule of thumb below which speculation usually costs more than it saves.
 """
 
 from __future__ import annotations
@@ -38,16 +38,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from draftsmith.decode.errors import ConfigError, UserError
-from draftsmith.decode.vllm import SPEC_PREFIX, SpecCounters, series_delta, spec_series, sum_series
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
+from draftsmith.serve.metrics import SPEC_COUNTERS, SpecCounters, series_delta, spec_series, sum_series
 
 DEFAULT_MARGIN = 0.05
-DEFAULT_MIN_ACCEPTANCE = 0.5  # the rule of thumb: below it speculation usually costs more than it saves
 DEFAULT_MIN_DRAFT_TOKENS = 100  # smaller windows are too noisy to alert on
-
-
-class MonitorError(UserError, RuntimeError):
-    """The monitored server cannot be read as a speculating vLLM server; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -61,24 +57,6 @@ class Snapshot:
 def snapshot(text: str, t: float) -> Snapshot:
     """Parse one ``/metrics`` text (prometheus_client's parser, via ``spec_series``) taken at `t`."""
     return Snapshot(t=float(t), series=spec_series(text))
-
-
-def metric_names(text: str) -> set[str]:
-    """The metric family names of a ``/metrics`` text (prometheus_client's parser; spec_series() has already
-    said how to install it), to tell a vLLM server that does not speculate from something that is not vLLM."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {family.name for family in text_string_to_metric_families(text)}
-
-
-def missing_metrics_message(url: str, names: set[str]) -> str:
-    """The one-line explanation for a ``/metrics`` text without spec-decode counters; `names`: its metric families."""
-    if any(name.startswith("vllm:") for name in names):
-        return (f"{url}/metrics has vLLM metrics but no {SPEC_PREFIX}* counters: the server runs without "
-                "--speculative-config (speculation is off), so there is no draft to watch; start it with "
-                "--speculative-config \"$(cat registry/NAME/vN/speculative_config.json)\"")
-    return (f"{url}/metrics has no vllm:* metrics ({len(names)} other metric families): give the /metrics URL of a "
-            "vLLM server (http://host:port)")
 
 
 def window_increase(snapshots: list[Snapshot]) -> tuple[dict[tuple, float], int]:
@@ -137,7 +115,7 @@ def window_stats(snapshots: list[Snapshot]) -> WindowStats:
     if not snapshots:
         return WindowStats(span_s=0.0, snapshots=0)
     increase, resets = window_increase(snapshots)
-    drafts = SPEC_PREFIX + "num_drafts_total"
+    drafts = SPEC_COUNTERS["drafts"]
     engines = {tuple(kv for kv in labels if kv[0] != "position")
                for (name, labels) in snapshots[-1].series if name == drafts}
     return WindowStats(span_s=snapshots[-1].t - snapshots[0].t, snapshots=len(snapshots),
@@ -172,7 +150,7 @@ class Rules:
 
     reference: Optional[float] = None  # the promoted version's measured acceptance rate
     margin: float = DEFAULT_MARGIN
-    min_acceptance: float = DEFAULT_MIN_ACCEPTANCE
+    min_acceptance: float = ACCEPTANCE_FLOOR
     min_draft_tokens: int = DEFAULT_MIN_DRAFT_TOKENS
     reference_label: str = "the promotion-time acceptance"  # how messages name the reference
 

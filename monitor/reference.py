@@ -1,0 +1,91 @@
+"""What a promoted draft was measured at: the monitor's reference acceptance, and the retrain command.
+
+The monitor room does not know the registry (the spine does): the caller resolves a registry version to
+its directory ``.../v<N>`` and its version.json record (``LocalRegistry.path`` / ``resolve``), and
+:func:`version_reference` reads the rest from the directory itself (serving.json, the serving A/B stored
+with the version). ``draftsmith-monitor --registry`` watches against it, ``draftsmith-registry
+export-alerts`` writes it into Prometheus rules (monitor/alert_rules.py), scripts/drift_demo.py runs its
+retrain command.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from draftsmith.artifacts.errors import UserError
+from draftsmith.artifacts.formats import read_serving
+from draftsmith.monitor.window import Rules
+
+
+class MissingReferenceError(UserError, LookupError):
+    """A registry version records no acceptance rate to watch against; the message says what to do."""
+
+
+def version_reference(version_dir: str | Path, record: dict, *, ref: str, root: str | Path) -> dict:
+    """What version `record` (its version.json, stored in `version_dir`) of registry `root` was promoted on,
+    as reached through `ref` (its alias or number): {"name", "ref", "version", "root", "acceptance_rate",
+    "source", "k", "draft", "retrain_command"}.
+
+    The acceptance rate, best first: vLLM's in the serving A/B stored with the version (serving.json) at the
+    served K and the serving concurrency — the same counters the monitor reads; else the figure the promotion
+    decided on (version.json "summary": vLLM's or the batch-1 eval's at the best K, as its source says).
+    """
+    path, root = Path(version_dir), Path(root)
+    summary = record.get("summary") or {}
+    k = record.get("best_k")
+    rate, source = serving_acceptance(path / "serving.json", summary, k, record.get("serving_concurrency"))
+    if rate is None and summary.get("acceptance_rate") is not None:
+        rate = summary["acceptance_rate"]
+        source = summary.get("acceptance_source") or f"eval (batch 1) at K={k}"
+    if rate is None:
+        raise MissingReferenceError(
+            f"registry {root}: {record['name']} v{record['version']} records no acceptance rate "
+            f"({path / 'version.json'} has no summary): run draftsmith-monitor without --registry (floor only)")
+    draft = path / "draft"
+    return {"name": record["name"], "ref": ref, "version": record["version"], "root": str(root),
+            "acceptance_rate": float(rate), "source": source, "k": k, "draft": str(draft),
+            "retrain_command": retrain_command(record, draft, root)}
+
+
+def serving_acceptance(path: Path, summary: dict, k, concurrency) -> tuple[Optional[float], Optional[str]]:
+    """(vLLM's acceptance rate of the promoted draft at K=`k` and `concurrency` in the serving A/B stored at
+    `path`, where it comes from), or (None, None) when the version was not promoted on a serving A/B."""
+    draft = (summary.get("serving") or {}).get("draft")
+    if not path.exists() or draft is None or concurrency is None:
+        return None, None
+    cells = read_serving(path)["cells"]
+    cell = next((c for c in cells if c.get("draft") == draft and c.get("k") == k
+                 and c.get("concurrency") == concurrency and c.get("acceptance_rate") is not None), None)
+    if cell is None:
+        return None, None
+    return cell["acceptance_rate"], f"vLLM serving A/B at K={k}, concurrency {concurrency}"
+
+
+def retrain_command(record: dict, draft: Path, root: Path) -> str:
+    """``draftsmith data.prompts=recent.jsonl pair.draft=<this version's draft> ...``: distil the production
+    draft further on recent prompts, then let the champion gate decide against this registry entry."""
+    config = (record.get("source") or {}).get("config") or {}
+    pair = config.get("pair") or {}
+    target = pair.get("target") or (record.get("target") or {}).get("path")
+    args = ["draftsmith", "data.prompts=recent.jsonl", f"pair.draft={draft}"]
+    if target:
+        args.append(f"pair.target={target}")
+    if target == "demo":
+        preset = (config.get("demo") or {}).get("preset")
+        if preset and preset != "default":
+            args.append(f"demo.preset={preset}")
+    else:
+        args += [f"pair.{key}={pair[key]}" for key in ("dtype", "device") if pair.get(key)]
+    args += [f"promote.name={record['name']}", f"registry.root={root}"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def reference_rules(reference: Optional[dict], **settings) -> Rules:
+    """:class:`Rules` against `reference` (a :func:`version_reference`; None: the floor only), its messages
+    naming it ("production v3's"); `settings`: margin, min_acceptance, min_draft_tokens."""
+    if reference is None:
+        return Rules(reference_label="the reference", **settings)
+    label = f"{reference['ref']} v{reference['version']}'s"
+    return Rules(reference=reference["acceptance_rate"], reference_label=label, **settings)
