@@ -258,11 +258,12 @@ def serve_phases(args, work: Path, label: str, reference: dict, target: str, spe
     from draftsmith.eval.load import run_load
     from draftsmith.monitor.reference import reference_rules
     from draftsmith.serve.client import served_model
-    from draftsmith.serve.server import ServerSpec, VllmServer
+    from draftsmith.serve.server import VllmServer
+    from draftsmith.serve.settings import ServerSettings
 
     rules = reference_rules(reference, margin=args.margin, min_acceptance=args.min_acceptance)
-    spec = ServerSpec(model=target, draft=reference["draft"], k=spec_config["num_speculative_tokens"],
-                      python=args.python, kvcache_gib=args.kvcache_gib)
+    settings = ServerSettings(python=args.python, kvcache_gib=args.kvcache_gib)  # the serve.* server settings
+    spec = settings.spec(target, device="cpu", draft=reference["draft"], k=spec_config["num_speculative_tokens"])
     started, phases = time.monotonic(), {}
     with VllmServer(spec, log_path=work / f"vllm-{label}.log", startup_timeout_s=600) as server:
         server_info = {"command": " ".join(shlex.quote(a) for a in spec.command(server.port)),
