@@ -58,6 +58,9 @@ def read_json(path: str | Path, *, what: str, run: str, keys: tuple[str, ...] = 
 # -- the datagen output -----------------------------------------------------------------------------
 def read_datagen_manifest(out_dir: str | Path) -> dict:
     """The manifest of the datagen output at `out_dir` (its presence marks a finished output)."""
+    if not (Path(out_dir) / DATAGEN_MANIFEST).exists():
+        raise ArtifactError(f"{out_dir} is not a datagen output (no {DATAGEN_MANIFEST}); run the datagen stage "
+                            "(stages=[datagen,...]) first")
     return read_json(Path(out_dir) / DATAGEN_MANIFEST, what="datagen output's manifest",
                      run="run the datagen stage (stages=[datagen,...])")
 

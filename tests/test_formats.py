@@ -20,7 +20,7 @@ def test_datagen_round_trip_and_the_errors_name_the_directory(tmp_path):
     write_datagen(tmp_path / "ok", dataset(), {"schema_version": 1, "counts": {}})
     data, manifest = read_datagen(tmp_path / "ok")
     assert data["heldout"][0]["completion_ids"] == [3, 4] and manifest["schema_version"] == 1
-    with pytest.raises(ArtifactError, match=r"nothing.*does not exist.*run the datagen stage"):
+    with pytest.raises(ArtifactError, match=r"nothing is not a datagen output \(no manifest.json\); run the datagen"):
         read_datagen(tmp_path / "nothing")
     write_datagen(tmp_path / "one", dataset(splits=("train",)), {})
     with pytest.raises(ArtifactError, match=r"one has no \['heldout'\] split"):
