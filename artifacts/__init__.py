@@ -52,9 +52,10 @@ def write_text(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON through a temporary file and a rename."""
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write JSON through a temporary file and a rename; returns the path."""
     write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return Path(path)
 
 
 def tokenizer_hash(tokenizer) -> str:

@@ -97,22 +97,28 @@ def write_datagen(out_dir: str | Path, data, manifest: dict) -> None:
 
 
 # -- metrics.json, serving.json, version.json -------------------------------------------------------
+# The writers write a document as it is (the registry keeps a copy of the metrics a version was promoted on);
+# the readers check the keys every reader relies on.
+def _file(path: str | Path, name: str) -> Path:
+    """`path` itself, or `name` inside it when it is a directory."""
+    path = Path(path)
+    return path / name if path.is_dir() else path
+
+
 def read_metrics(path: str | Path) -> dict:
     """An eval's ``metrics.json`` (`path` is the file or its directory)."""
-    path = Path(path)
-    return read_json(path / "metrics.json" if path.is_dir() else path, what="eval metrics.json",
-                     run="run the eval stage", keys=METRICS_KEYS)
+    return read_json(_file(path, "metrics.json"), what="eval metrics.json", run="run the eval stage", keys=METRICS_KEYS)
 
 
 def write_metrics(out_dir: str | Path, metrics: dict) -> Path:
     """Write ``metrics.json`` into `out_dir` (atomically); returns its path."""
-    return _write(Path(out_dir) / "metrics.json", metrics, METRICS_KEYS)
+    return write_json(Path(out_dir) / "metrics.json", metrics)
 
 
 def read_serving(path: str | Path) -> dict:
     """The serving A/B's ``serving.json`` (`path` is the file or its directory)."""
-    path = Path(path)
-    doc = read_json(path / "serving.json" if path.is_dir() else path, what="serving A/B output (serving.json)",
+    path = _file(path, "serving.json")
+    doc = read_json(path, what="serving A/B output (serving.json)",
                     run="run the serve stage (stages=[serve,promote] serve.engine=vllm)", keys=SERVING_KEYS)
     if not isinstance(doc["cells"], list):
         raise ArtifactError(f"{path}: 'cells' is not a list: not a serving A/B output; run the serve stage again")
@@ -121,23 +127,15 @@ def read_serving(path: str | Path) -> dict:
 
 def write_serving(out_dir: str | Path, serving: dict) -> Path:
     """Write ``serving.json`` into `out_dir` (atomically); returns its path."""
-    return _write(Path(out_dir) / "serving.json", serving, SERVING_KEYS)
+    return write_json(Path(out_dir) / "serving.json", serving)
 
 
 def read_version(path: str | Path) -> dict:
     """A registry version's ``version.json`` (`path` is the file or the version's directory)."""
-    path = Path(path)
-    return read_json(path / "version.json" if path.is_dir() else path, what="registry version record",
+    return read_json(_file(path, "version.json"), what="registry version record",
                      run="promote the draft again (the registry version is damaged)", keys=VERSION_KEYS)
 
 
 def write_version(out_dir: str | Path, record: dict) -> Path:
     """Write ``version.json`` into a version's (temporary) directory; returns its path."""
-    return _write(Path(out_dir) / "version.json", record, VERSION_KEYS)
-
-
-def _write(path: Path, doc: dict, keys: tuple[str, ...]) -> Path:
-    """Write `doc` atomically. `keys` are what the reader will require; a copy of a record (the registry
-    keeps the metrics a version was promoted on) is written as it is."""
-    write_json(path, doc)
-    return path
+    return write_json(Path(out_dir) / "version.json", record)

@@ -17,12 +17,13 @@ from draftsmith.train.datagen import load_output
 spec = importlib.util.spec_from_file_location("old_trainer", sys.argv[3])
 old = importlib.util.module_from_spec(spec); sys.modules["old_trainer"] = old; spec.loader.exec_module(old)
 from draftsmith.decode.pair import load_model
+from draftsmith.decode.runners import logit_width
 ds, _ = load_output(sys.argv[2])
 rows = [ds["train"][i] for i in range(64)]
 model = load_model(sys.argv[1], "draft", "float32", "cpu"); model.train()
 if "--freeze" in sys.argv: new.freeze_embeddings(model)
 cfg = new.TrainConfig(data_dir="d", draft="x", out_dir="o", loss="fkl", teacher="cached")
-width = model.get_output_embeddings().weight.shape[0]
+width = logit_width(model)
 times = {"old": [], "new": []}; losses = {"old": [], "new": []}
 for rep in range(3):
     for b in range(0, 64, 16):

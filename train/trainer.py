@@ -30,6 +30,7 @@ import torch
 from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from draftsmith.artifacts.errors import UserError, check
 from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
+from draftsmith.decode.runners import logit_width
 from draftsmith.train.checkpoints import latest_checkpoint, save_checkpoint, tied_parameter_names
 from draftsmith.train.data import Batch, batch_indices, collate
 from draftsmith.train.settings import RENAMED, TrainSettings
@@ -317,9 +318,9 @@ def run(cfg: TrainConfig) -> dict:
     teacher = load_model(cfg.target, "target", "auto", accelerator.device) if use_online else None
     if teacher is not None:
         teacher.requires_grad_(False)
-    width = model.get_output_embeddings().weight.shape[0]
+    width = logit_width(model)
     if teacher is not None:
-        width = min(width, teacher.get_output_embeddings().weight.shape[0])
+        width = min(width, logit_width(teacher))
     pad_id = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else draft_tok.eos_token_id
 
     params = [p for p in model.parameters() if p.requires_grad]
