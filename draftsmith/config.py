@@ -101,6 +101,10 @@ class PromoteConfig(Gates):
     name: str = "draft"  # registry entry name
     alias: str = "production"  # alias moved to a promoted version
     serving_concurrency: Optional[int] = None  # the concurrency served at: gates and K from the serving A/B there
+    # true: speculative_config.json carries vLLM's batch-size K schedule from the serving A/B's K per concurrency
+    # band (num_speculative_tokens_per_batch_size); false: a static K in speculative_config.json, for engines or
+    # vLLM versions without num_speculative_tokens_per_batch_size
+    k_schedule: bool = True
 
     def __post_init__(self):
         super().__post_init__()

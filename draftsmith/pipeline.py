@@ -318,8 +318,11 @@ class Pipeline:
         if "serve" in cfg.stages and cfg.serve.engine == "vllm":
             served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
+        # the verdicts the eval adds passes to settle: speculation pays at all, the promote gate, the champion margin
+        decide = {"decide_at": sorted({1.0, cfg.promote.min_speedup}),
+                  "decide_margin": cfg.promote.champion_margin if "production" in drafts else None}
         section = {"target": target, "drafts": drafts, "eval": figures_of(cfg.eval), "decode": figures_of(cfg.decode),
-                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"]}
+                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"], "decide": decide}
         prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
             inputs["train"] = self._upstream("train", self.out / "train")
@@ -327,7 +330,7 @@ class Pipeline:
         def body(run):
             metrics = runner.run(runner.EvalConfig(
                 **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
-                target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device))
+                target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device, **decide))
             log_eval(run, metrics)
 
         self._stage("eval", out, section, body, inputs=inputs)
@@ -388,7 +391,7 @@ class Pipeline:
                 log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, record["candidate"])
             with atomic_dir(out) as tmp:
                 write_json(tmp / "promotion.json", record)
-            self.log(f"draftsmith: promote: {'PROMOTED' if record['promote'] else 'not promoted'} - "
+            self.log(f"draftsmith: promote: {record['decision'].upper()} - "
                      + "; ".join(record["reasons"]))
 
         self._stage("promote", out, section, body, inputs=inputs)

@@ -48,10 +48,11 @@ from draftsmith.config import DraftsmithConfig
 from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, target_mismatch
-from draftsmith.eval.gates import decide
+from draftsmith.eval.gates import PROMOTED, REFUSED, decide
+from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, read_json, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
-from draftsmith.eval.serving_stats import best_k_per_concurrency
+from draftsmith.eval.serving_stats import best_k_per_concurrency, k_bands  # noqa: F401 (k_bands: re-export)
 
 MEASURED = "measured in this eval"
 
@@ -78,7 +79,8 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     info = candidate.get("serving")  # the serving A/B figures the decision is taken on, or None (batch 1)
     base = {"name": p.name, "candidate_draft": str(draft_dir), "candidate_name": name,
             "eval_set": metrics.get("eval_set"), "registry": None, "target": target,
-            "basis": "serving" if info else "batch-1", "serving": info}
+            "basis": "serving" if info else "batch-1", "serving": info,
+            "measurement": _measurement(metrics, serving if info else None)}
 
     with registry.transaction(p.name) as tx:
         production = tx.find(p.alias)
@@ -91,7 +93,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
             return _refuse(_decide(candidate, gates), base, mismatch, production)
         if production is not None and production["fingerprint"] == candidate_fp:
             record = decide(candidate, gates, None)
-            record.update(base, promote=True, reasons=[f"already {p.alias}: v{production['version']} of {p.name!r} "
+            record.update(base, promote=True, decision=PROMOTED, reasons=[f"already {p.alias}: v{production['version']} of {p.name!r} "
                                                        "is this draft; no new version"])
             record["registry"] = _registry_info(registry, p.name, production["version"])
             return record
@@ -100,7 +102,11 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
             _serving_champion(tx, p.alias, production, served, metrics, serving, info["concurrency"]) if info
             else _champion(tx, p.alias, production, measured, metrics))
         label = None if compared is None else f"{p.alias} v{compared['version']}"
-        record = _decide(candidate, gates, champion, label)
+        difference = None
+        if compared is not None and compared["source"].startswith("measured in this"):  # side by side: paired
+            difference = (_serving_difference(serving, name, candidate, champion, info["concurrency"]) if info
+                          else _eval_difference(metrics, name, candidate, champion))
+        record = _decide(candidate, gates, champion, label, difference)
         record.update(base, compared_with=compared)
         if production is not None:
             record["champion_version"] = production["version"]
@@ -121,7 +127,7 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         version = tx.register(draft_dir, metrics=metrics, promotion=record, k=candidate["best_k"],
                               aliases=[p.alias], source={"out_dir": str(out_dir), "config": asdict(cfg)},
                               target=target, draft_fingerprint=candidate_fp, serving=stored,
-                              files={vocab.name: vocab} if vocab.exists() else None)
+                              files={vocab.name: vocab} if vocab.exists() else None, schedule=p.k_schedule)
         record["registry"] = _registry_info(registry, p.name, version["version"])
         record["registry"]["created"] = version["created"]
         if cfg.registry.kind == "wandb":
@@ -129,13 +135,42 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     return record
 
 
-def _decide(candidate: dict, gates, champion: dict | None = None, label: str | None = None) -> dict:
+def _decide(candidate: dict, gates, champion: dict | None = None, label: str | None = None,
+            difference: list[float] | None = None) -> dict:
     """decide(), with a note when the serving concurrency decided at is not promote.serving_concurrency."""
-    record = decide(candidate, gates, champion, champion_label=label)
+    record = decide(candidate, gates, champion, champion_label=label, difference_ci95=difference)
     note = (candidate.get("serving") or {}).get("concurrency_note")
     if note:
         record["reasons"].append(f"note: {note}")
     return record
+
+
+def _measurement(metrics: dict, serving: dict | None) -> dict:
+    """How much was measured before the decision: the eval's passes and why they stopped (metrics.json "repeats"),
+    and the serving A/B's passes per level when the decision is taken on it."""
+    out = {"eval": metrics.get("repeats")}
+    if serving is not None:
+        out["serving"] = {"repeats": (serving.get("settings") or {}).get("repeats", 1)}
+    return out
+
+
+def _timed_units(entry: dict | None):
+    """The paired [prompt][repeat] times of an eval record or serving cell, or None (written before intervals)."""
+    timings = (entry or {}).get("timings")
+    if not timings:
+        return None
+    return units_from_passes(timings["plain_s"], timings["spec_s"])
+
+
+def _eval_difference(metrics: dict, name: str, candidate: dict, champion: dict) -> list[float] | None:
+    """The interval of candidate - production speedup from the eval's paired timings at their chosen K."""
+    def units(draft: str, summary: dict):
+        return _timed_units(next((r for r in metrics.get("records", []) if r.get("draft") == draft
+                                  and r.get("k") == summary["best_k"]
+                                  and r.get("temperature") == summary.get("temperature")), None))
+
+    a, b = units(name, candidate), units("production", champion)
+    return difference_ci(a, b) if a and b else None
 
 
 def _candidate(metrics: dict, metrics_path: Path) -> tuple[str, Path]:
@@ -236,6 +271,7 @@ def _refuse(record: dict, base: dict, reason: str, production: dict | None) -> d
     notes = [r for r in record["reasons"] if r.startswith("note: ")]
     record.update(base)
     record["promote"] = False
+    record["decision"] = REFUSED
     record["reasons"] = failed + notes + [reason]
     if production is not None:
         record["champion_version"] = production["version"]
@@ -285,29 +321,30 @@ def _pick_level(levels: list[int], requested: int | None) -> tuple[int, str | No
                         f"highest, {levels[-1]} (measured: {levels}); add it to serve.concurrency")
 
 
-def k_bands(best: list[dict]) -> list[dict]:
-    """The recommended K per concurrency band from best_k_per_concurrency(): consecutive measured levels with the
-    same K merged -> [{"from", "to", "k"}, ..., {"from", "k"}] (the last band open-ended; K 0 = off)."""
-    bands: list[dict] = []
-    for entry in best:
-        if bands and bands[-1]["k"] == entry["k"]:
-            bands[-1]["to"] = entry["concurrency"]
-        else:
-            bands.append({"from": entry["concurrency"], "to": entry["concurrency"], "k": entry["k"]})
-    if bands:
-        del bands[-1]["to"]
-    return bands
-
-
 def _at_level(cells: list[dict], level: int) -> dict | None:
     """One draft's serving figures at one concurrency: {"best_k" (0 = off), "speedup" (1.0 when off),
-    "top": the fastest cell (None when no speedup was measured)}; None when `level` was not measured."""
+    "speedup_ci95", "choice" (best_k_per_concurrency's entry), "top": the chosen K's cell (None when no speedup
+    was measured)}; None when `level` was not measured."""
     here = [c for c in cells if c["concurrency"] == level]
     if not here:
         return None
     choice = best_k_per_concurrency(here)[0]
-    top = max((c for c in here if c.get("speedup") is not None), key=lambda c: (c["speedup"], -c["k"]), default=None)
-    return {"best_k": choice["k"], "speedup": choice["speedup"], "top": top}
+    top = next((c for c in here if c["k"] == choice["best_speedup_k"]), None)
+    return {"best_k": choice["k"], "speedup": choice["speedup"], "speedup_ci95": choice["speedup_ci95"],
+            "choice": choice, "top": top}
+
+
+def _serving_difference(serving: dict, name: str, candidate: dict, champion: dict, level: int) -> list[float] | None:
+    """The interval of candidate - production serving speedup at `level` from the cells' paired latencies (their
+    chosen K; None when either is "off" or has no timings)."""
+    def units(draft: str, k: int):
+        cell = next((c for c in _draft_cells(serving, draft) if c["concurrency"] == level and c["k"] == k), None)
+        return _timed_units(cell)
+
+    if not candidate["best_k"] or not champion.get("best_k"):
+        return None
+    a, b = units(name, candidate["best_k"]), units("production", champion["best_k"])
+    return difference_ci(a, b) if a and b else None
 
 
 def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested: int | None) -> dict | None:
@@ -321,12 +358,16 @@ def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested
     at = _at_level(cells, level)
     top, batch1 = at["top"], metrics["summary"][name]
     accepted, source = _acceptance(top, name, at["best_k"], metrics)
+    choice = at["choice"]
     info = {"draft": name, "concurrency": level, "requested_concurrency": requested, "measured_concurrency": levels,
-            "concurrency_note": note, "best_speedup": top and top["speedup"], "best_speedup_k": top and top["k"],
+            "concurrency_note": note, "best_speedup": choice["best_speedup"], "best_speedup_k": choice["best_speedup_k"],
+            "best_speedup_ci95": choice["best_speedup_ci95"], "indistinguishable_k": choice["indistinguishable"],
+            "repeats": top and top.get("repeats"),
             "tpot_ratio": top.get("tpot_ratio") if top and at["best_k"] else None,
             "outputs_unequal": [_cell_name(c) for c in cells if c.get("outputs_equal") is False],
             "k_by_concurrency": k_bands(best_k_per_concurrency(cells))}
-    return {"best_k": at["best_k"], "speedup": at["speedup"], "acceptance_rate": accepted, "acceptance_source": source,
+    return {"best_k": at["best_k"], "speedup": at["speedup"], "speedup_ci95": at["speedup_ci95"],
+            "repeats": top and top.get("repeats"), "acceptance_rate": accepted, "acceptance_source": source,
             "greedy_match": batch1["greedy_match"], "temperature": batch1.get("temperature"), "batch1": batch1,
             "serving": info}
 

@@ -7,7 +7,8 @@ Local layout (``root`` is ``registry.root`` in the config)::
     root/<name>/v<N>/promotion.json         the promotion decision (gates, reasons)
     root/<name>/v<N>/speculative_config.json   pass to vLLM: --speculative-config "$(cat ...)"
     root/<name>/v<N>/version.json           version, fingerprint, source, time, best K (and, when promoted on
-                                            a serving A/B, "k_by_concurrency": the K per concurrency band)
+                                            a serving A/B, "k_by_concurrency": the K per concurrency band),
+                                            "k_schedule": the batch-size K schedule given to vLLM, or None
     root/<name>/v<N>/serving.json           the serving A/B's per-concurrency table (when one ran)
     root/<name>/aliases.json                {"production": N, "staging": M}
     root/<name>/.lock                       taken around every change
@@ -23,6 +24,16 @@ read, the decision, the registration and the alias move inside one ``with
 registry.transaction(name) as tx:`` block, so nothing can change between the read and the write
 (compare-and-set). The lock is re-entrant within a thread, so ``register`` may be called inside a
 transaction of the same name.
+
+The K to serve: without a serving A/B, speculative_config.json holds one static K (the best K of the
+eval). Promoted on a serving A/B, the measured bands (``k_by_concurrency``) become vLLM's batch-size K
+schedule (serve/schedule.py ``batch_size_schedule``: the K switches at the geometric mean of two measured
+levels; vLLM 0.32 takes it as ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` with
+``"num_speculative_tokens"`` its largest K), recorded as ``k_schedule`` in version.json too. It stays the
+static form (``k_schedule`` None, K = the best K at the serving concurrency) when ``register(...,
+schedule=False)`` (config ``promote.k_schedule``: for engines or vLLM versions without the schedule) or when
+every measured level chose the same K (one band: the schedule would say nothing more, and vLLM's static path
+keeps full CUDA graphs). A table whose every band is K 0 cannot be served with a draft: RegistryError.
 
 Targets: a version records the identity of the target it was evaluated against (``target`` in
 version.json: path, sha256 of its config.json, tokenizer hash; see :func:`target_identity`). The
@@ -67,11 +78,30 @@ def fingerprint(draft_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def speculative_config(draft_dir: str | Path, k: int) -> dict:
-    """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens."""
+def speculative_config(draft_dir: str | Path, k: int | None, schedule: list[list[int]] | None = None) -> dict:
+    """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens,
+    or with the batch-size K `schedule` (then `k` is None or its largest K: serve/server.py ``speculative_config``)."""
     from draftsmith.serve.server import speculative_config as vllm_config
 
-    return vllm_config(str(Path(draft_dir).resolve()), k)
+    return vllm_config(str(Path(draft_dir).resolve()), k, schedule)
+
+
+def k_schedule(serving: dict | None, schedule: bool = True) -> list[list[int]] | None:
+    """The batch-size K schedule a version is served with (see the module docstring), or None for a static K:
+    None when `schedule` is False, without a serving A/B or its ``k_by_concurrency``, or when the table has one
+    band (the same K everywhere). RegistryError naming the key when the table is malformed or all off."""
+    from draftsmith.serve.schedule import batch_size_schedule, check_schedule
+
+    bands = (serving or {}).get("k_by_concurrency") or []
+    if not schedule or not bands:
+        return None
+    try:
+        built = batch_size_schedule(list(bands))
+        if len(built) == 1:
+            return None if built[0][2] > 0 else check_schedule(built)  # all off: check_schedule says why
+        return check_schedule(built)
+    except ValueError as exc:
+        raise RegistryError(f"serving k_by_concurrency {bands}: {exc}") from exc
 
 
 def target_identity(target: str | Path) -> dict:
@@ -211,7 +241,7 @@ class LocalRegistry:
 
     def register(self, name: str, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
                  aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
-                 target: dict | None = None, serving: dict | None = None) -> dict:
+                 target: dict | None = None, serving: dict | None = None, schedule: bool = True) -> dict:
         """Add `draft_dir` as the next version of `name` (or find the identical existing one) and
         point `aliases` at it. Returns the version record plus ``"created"`` (False when it existed).
 
@@ -219,7 +249,10 @@ class LocalRegistry:
         when `name`'s versions are for another target. `serving`: the serving A/B `k` was chosen from,
         ``{"table": serving.json's content, "k_by_concurrency": [{"from", "to" (absent on the last band),
         "k" (0 = off)}], "concurrency": the level k won at}``, stored as serving.json and in version.json.
-        To decide on the registry's state before registering, use :meth:`transaction` instead."""
+        `schedule`: serve the bands as vLLM's batch-size K schedule (speculative_config.json's
+        ``num_speculative_tokens_per_batch_size``, version.json's ``k_schedule``; :func:`k_schedule`); False:
+        one static K = `k` (config ``promote.k_schedule``). To decide on the registry's state before
+        registering, use :meth:`transaction` instead."""
         draft_dir = Path(draft_dir)
         _check_model_dir(draft_dir)
         for alias in aliases:
@@ -227,7 +260,7 @@ class LocalRegistry:
         fp = fingerprint(draft_dir)  # hashed before taking the lock
         with self.transaction(name) as tx:
             return tx.register(draft_dir, metrics=metrics, promotion=promotion, k=k, aliases=aliases, source=source,
-                               target=target, draft_fingerprint=fp, serving=serving)
+                               target=target, draft_fingerprint=fp, serving=serving, schedule=schedule)
 
     def set_alias(self, name: str, alias: str, ref: str | int) -> dict:
         """Point `alias` at version `ref` of `name` (atomically); returns the new alias map."""
@@ -320,10 +353,11 @@ class RegistryTransaction:
     def register(self, draft_dir: str | Path, *, metrics: dict, promotion: dict, k: int,
                  aliases: list[str] | tuple[str, ...] = ("production",), source: dict | None = None,
                  target: dict | None = None, draft_fingerprint: str | None = None, serving: dict | None = None,
-                 files: dict[str, str | Path] | None = None) -> dict:
+                 files: dict[str, str | Path] | None = None, schedule: bool = True) -> dict:
         """:meth:`LocalRegistry.register` inside this transaction; `draft_fingerprint`: fingerprint(draft_dir)
         when the caller already has it (hashing a big draft outside the lock keeps the lock short); `files`:
-        {name: path} copied into the version directory beside metrics.json (e.g. the eval's draft_vocab.json)."""
+        {name: path} copied into the version directory beside metrics.json (e.g. the eval's draft_vocab.json);
+        `schedule`: as in :meth:`LocalRegistry.register` (False: a static K in speculative_config.json)."""
         reg, draft_dir = self._open(), Path(draft_dir)
         _check_model_dir(draft_dir)
         for alias in aliases:
@@ -331,6 +365,7 @@ class RegistryTransaction:
         mismatch = target_mismatch(reg, self.name, target)
         if mismatch is not None:
             raise RegistryError(mismatch)
+        sizes = k_schedule(serving, schedule)  # checked before anything is written
         fp = draft_fingerprint or fingerprint(draft_dir)
         existing = next((v for v in self.versions() if v["fingerprint"] == fp), None)
         if existing is None:
@@ -339,7 +374,7 @@ class RegistryTransaction:
             final = reg._entry(self.name) / f"v{number}"
             record = {"name": self.name, "version": number, "fingerprint": fp, "created_at": time.time(),
                       "best_k": int(k), "summary": promotion.get("candidate"), "target": target,
-                      "source": source or {}, "path": str(final.resolve())}
+                      "source": source or {}, "path": str(final.resolve()), "k_schedule": sizes}
             if serving is not None:
                 record.update(serving_concurrency=serving.get("concurrency"),
                               k_by_concurrency=list(serving.get("k_by_concurrency") or []))
@@ -347,7 +382,8 @@ class RegistryTransaction:
                 shutil.copytree(draft_dir, tmp / "draft")
                 write_metrics(tmp, metrics)
                 write_json(tmp / "promotion.json", promotion)
-                write_json(tmp / "speculative_config.json", speculative_config(final / "draft", k))
+                config = speculative_config(final / "draft", None if sizes else k, sizes)
+                write_json(tmp / "speculative_config.json", config)
                 if serving is not None:
                     write_serving(tmp, serving["table"])
                 for file_name, path in (files or {}).items():
@@ -390,18 +426,22 @@ def format_bands(bands: list[dict]) -> str:
 
 
 def format_versions(registry: LocalRegistry, name: str) -> str:
-    """A plain-text table of the versions of `name` and their aliases (the `list` command)."""
+    """A plain-text table of the versions of `name` and their aliases (the `list` command); the last column,
+    "serves", is "K=3" for a static K, or the batch-size K schedule vLLM follows (``batch 1-5: K=4; >=6: K=2``)."""
+    from draftsmith.serve.schedule import describe_schedule
+
     versions = registry.versions(name)
     if not versions:
         return f"{name}: no versions in {registry.root}"
     by_version: dict[int, list[str]] = {}
     for alias, number in sorted(registry.aliases(name).items()):
         by_version.setdefault(number, []).append(alias)
-    lines = [f"{'version':>7}  {'aliases':<20} {'best K':>6} {'speedup':>8} {'acc.rate':>8}  created", ]
+    lines = [f"{'version':>7}  {'aliases':<20} {'best K':>6} {'speedup':>8} {'acc.rate':>8}  {'created':<16}  serves"]
     for v in versions:
         summary = v.get("summary") or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["created_at"]))
+        serves = describe_schedule(v["k_schedule"]) if v.get("k_schedule") else f"K={v['best_k']}"
         lines.append(f"{'v' + str(v['version']):>7}  {','.join(by_version.get(v['version'], [])) or '-':<20} "
                      f"{v['best_k']:>6} {summary.get('speedup', float('nan')):>8.3f} "
-                     f"{summary.get('acceptance_rate', float('nan')):>8.3f}  {created}")
+                     f"{summary.get('acceptance_rate', float('nan')):>8.3f}  {created:<16}  {serves}")
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
     draftsmith-registry list [NAME] [--root registry]
     draftsmith-registry show NAME [REF]          # REF: 3, v3, or an alias (default production); with the
-                                                 # K per concurrency band when promoted on a serving A/B
+                                                 # K per concurrency band when promoted on a serving A/B, the
+                                                 # batch-size K schedule vLLM serves, and the --speculative-config
     draftsmith-registry alias NAME ALIAS REF     # e.g. promote staging to production by hand
     draftsmith-registry link-pending [--project draftsmith]   # online: link versions promoted offline
     draftsmith-registry export-alerts NAME [--ref production] [--out FILE]   # Prometheus alerting rules for
@@ -17,6 +18,7 @@ import sys
 
 from draftsmith.artifacts.errors import UserError
 from draftsmith.registry import LocalRegistry, RegistryError, format_bands, format_versions
+from draftsmith.serve.schedule import describe_schedule
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             if record.get("k_by_concurrency"):  # promoted on a serving A/B: the K to serve per concurrency band
                 shown["serving_bands"] = format_bands(record["k_by_concurrency"])
                 shown["serving_table"] = str(path / "serving.json")
+            shown["k_schedule_description"] = describe_speculation(shown["speculative_config"])
             print(json.dumps(shown, indent=2))
         elif args.command == "alias":
             print(json.dumps(registry.set_alias(args.name, args.alias, args.ref), indent=2))
@@ -76,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def describe_speculation(config: dict) -> str:
+    """What a speculative_config.json makes vLLM do, in one line: ``batch 1-5: K=4; 6-11: K=2; >=12: off``
+    (a batch-size K schedule) or ``static K=3 at every batch size``."""
+    schedule = config.get("num_speculative_tokens_per_batch_size")
+    if schedule:
+        return describe_schedule(schedule)
+    return f"static K={config.get('num_speculative_tokens')} at every batch size"
+
+
 def _add_export_alerts(sub) -> None:
     from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
     from draftsmith.monitor.alert_rules import DEFAULT_FOR, DEFAULT_WINDOW
@@ -89,7 +101,8 @@ def _add_export_alerts(sub) -> None:
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"drift alert below the measured acceptance minus this (default {DEFAULT_MARGIN})")
     p.add_argument("--min-acceptance", type=float, default=ACCEPTANCE_FLOOR,
-                   help=f"floor alert below this acceptance rate (default {ACCEPTANCE_FLOOR})")
+                   help=f"floor alert below this acceptance rate (the first-position acceptance for a version with "
+                        f"a batch-size K schedule; default {ACCEPTANCE_FLOOR})")
     p.add_argument("--window", default=DEFAULT_WINDOW,
                    help=f"PromQL range of the acceptance rate (default {DEFAULT_WINDOW})")
     p.add_argument("--for", dest="for_", default=DEFAULT_FOR,
@@ -113,7 +126,8 @@ def _export_alerts(registry: LocalRegistry, args) -> None:
         print(f"# checked: read back as Prometheus rules; {checked}", file=sys.stderr)
     else:
         ref = done["reference"]
-        print(f"wrote {done['path']}: alerts for {args.name} v{ref['version']} (measured acceptance "
+        watched = "first-position acceptance" if ref.get("figure") == "first_position_acceptance" else "acceptance"
+        print(f"wrote {done['path']}: alerts for {args.name} v{ref['version']} (measured {watched} "
               f"{ref['acceptance_rate']:.3f}, {ref['source']}); read back as Prometheus rules; {checked}")
 
 

@@ -13,6 +13,7 @@ import platform
 from pathlib import Path
 
 from draftsmith.artifacts.formats import read_metrics, read_serving
+from draftsmith.eval.intervals import format_ci
 
 
 def stale_stages(out: Path) -> dict[str, str]:
@@ -71,7 +72,7 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
     if promotion_path.exists():
         promotion = json.loads(promotion_path.read_text())
         result["promotion"] = {"promote": promotion["promote"], "reasons": promotion["reasons"],
-                               "registry": promotion.get("registry")}
+                               "decision": promotion.get("decision"), "registry": promotion.get("registry")}
     return result
 
 
@@ -89,17 +90,18 @@ def format_summary(summary: dict) -> str:
     lines = [f"draftsmith: {summary['out_dir']}  (stages: "
              + ", ".join(f"{k} {v}" for k, v in summary["stages"].items()) + ")"]
     if summary["drafts"]:
-        lines.append(f"  {'draft':<12} {'acc.rate':>8} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup':>8} {'greedy==':>8}")
+        lines.append(f"  {'draft':<12} {'acc.rate':>8} {'alpha':>6} {'tau':>6} {'best K':>6} {'speedup [95% interval]':>24} "
+                     f"{'greedy==':>8}")
         for name, s in summary["drafts"].items():
             match = "-" if s.get("greedy_match") is None else f"{s['greedy_match']:.2f}"
             alpha = s.get("token_acceptance")
             alpha = "-" if alpha is None else f"{alpha:.3f}"
             lines.append(f"  {name:<12} {s['acceptance_rate']:>8.3f} {alpha:>6} {s['mean_accepted_tokens']:>6.2f} "
-                         f"{s['best_k']:>6} {s['speedup']:>7.2f}x {match:>8}")
+                         f"{s['best_k']:>6} {format_ci(s['speedup'], s.get('speedup_ci95')):>24} {match:>8}")
         lines.append("  acc.rate: acceptance rate (accepted / drafted); alpha: token acceptance (accepted / tested; "
                      "the alpha of the speedup formula)")
         lines.append("  tau: tokens per verification forward of the target; speedup: measured vs plain decoding at "
-                     "best K")
+                     "best K, with its 95% interval (paired bootstrap over prompts and passes)")
         forwards = sorted({f"target {b['target']} / draft {b['draft']}"
                            for b in (s.get("backend") for s in summary["drafts"].values()) if b})
         if forwards:
@@ -121,7 +123,8 @@ def format_summary(summary: dict) -> str:
     if summary["promotion"]:
         p = summary["promotion"]
         when = " (STALE: decided on an earlier eval)" if "promote" in stale else ""
-        lines.append(f"  promotion{when}: {'PROMOTED' if p['promote'] else 'not promoted'} - " + "; ".join(p["reasons"]))
+        decision = p.get("decision") or ("promoted" if p["promote"] else "refused")
+        lines.append(f"  promotion{when}: {decision.upper()} - " + "; ".join(p["reasons"]))
         if p.get("registry"):
             r = p["registry"]
             lines.append(f"  registry: {r['path']} (v{r['version']}, aliases {r['aliases']}); vLLM: "

@@ -1,4 +1,4 @@
-"""Promotion gates: may this draft replace the registry's current production draft? A pure function."""
+"""Promotion gates: may this draft replace the registry's current production draft? A pure function on intervals."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ from dataclasses import asdict, dataclass
 
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
+from draftsmith.eval.intervals import ABOVE, BELOW, format_ci, verdict
 
 
 @dataclass
 class Gates:
     """Thresholds a candidate must clear (the promote stage's config)."""
 
-    min_acceptance_rate: float = ACCEPTANCE_FLOOR  # at the best K (0.5, decode/acceptance.py)
-    min_speedup: float = 1.1  # measured, at the best K
+    min_acceptance_rate: float = ACCEPTANCE_FLOOR  # decides only where no speedup was measured (0.5, decode/acceptance.py)
+    min_speedup: float = 1.1  # the lower bound of the measured speedup's 95% interval must reach it, at the best K
     require_greedy_match: bool = True  # greedy_match must be 1.0
-    champion_margin: float = 0.02  # must beat the production draft's speedup by this much (same eval set)
+    champion_margin: float = 0.02  # the interval of (candidate - production) speedup must clear it (same eval set)
 
     def __post_init__(self):
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
@@ -24,21 +25,42 @@ class Gates:
             raise ConfigError(f"promote.min_speedup must be > 0, got {self.min_speedup}")
 
 
-def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion_label: str | None = None) -> dict:
-    """The promotion decision for one candidate summary (eval metrics.json "summary" entry).
+PROMOTED, REFUSED, INCONCLUSIVE = "promoted", "refused", "inconclusive"
+PASS, FAIL, UNSURE = "pass", "fail", "unsure"
+
+
+def _from_verdict(v: str) -> str:
+    return {ABOVE: PASS, BELOW: FAIL}.get(v, UNSURE)
+
+
+def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion_label: str | None = None,
+           difference_ci95: list[float] | None = None) -> dict:
+    """The promotion decision for one candidate summary (eval metrics.json "summary" entry), taken on intervals.
 
     Args:
-        candidate: {"best_k", "speedup", "acceptance_rate", "greedy_match", ...} of the candidate. When it was
-            taken from the serving A/B (draftsmith/promote.py), it also holds "serving": {"concurrency",
-            "best_speedup", "best_speedup_k", "outputs_unequal": [cells named], ...}; "best_k" 0 there means
-            speculation loses at that concurrency for every K ("off"), which fails in place of the speedup gate.
+        candidate: {"best_k", "speedup", "speedup_ci95", "acceptance_rate", "greedy_match", ...} of the candidate.
+            When it was taken from the serving A/B (draftsmith/promote.py), it also holds "serving":
+            {"concurrency", "best_speedup", "best_speedup_k", "outputs_unequal": [cells named], ...}; "best_k" 0
+            there means speculation does not pay at that concurrency for any K ("off"), which fails in place of
+            the speedup gate.
         champion: the same for the current production draft on the same eval set (measured beside the
             candidate, or recorded when it was promoted), on the same basis (batch 1, or the serving A/B at
             the same concurrency), or None.
         champion_label: how reasons name the champion, e.g. "production v3" (default: the production draft).
+        difference_ci95: the 95% interval of candidate speedup - champion speedup when both were measured side
+            by side in this run (eval/intervals.py difference_ci); None: the champion's figure is a recorded one,
+            and the candidate's own interval is compared with champion speedup + margin.
+
+    Each gate passes, fails or is unsure. The speedup gate passes when the interval's lower bound reaches
+    ``min_speedup``, fails when its upper bound is below it, and is unsure when it straddles it (or there is no
+    interval); the champion gate the same with the difference and ``champion_margin``. A measured speedup is not
+    vetoed by a proxy: ``min_acceptance_rate`` decides only where no speedup was measured (``rule`` says which
+    rule decided). Any failed gate refuses; else any unsure gate makes the decision **inconclusive** (not
+    promoted: never on a lucky pass); else promoted.
     Returns:
-        {"promote": bool, "reasons": [...] (every failed gate, or why it passed), "gates": ...,
-        "candidate": ..., "champion": ...}: what promotion.json records, accepted or not.
+        {"promote": bool, "decision": "promoted" | "refused" | "inconclusive", "rule", "reasons": [...] (every
+        failed and unsure gate, or why it passed), "checks": [{"gate", "result", "reason"}], "gates", "candidate",
+        "champion", "difference_ci95"}: what promotion.json records, accepted or not.
     """
     for key in ("best_k", "speedup", "acceptance_rate", "greedy_match"):
         if key not in candidate:
@@ -46,28 +68,84 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     serving = candidate.get("serving")
     off = serving is not None and candidate["best_k"] == 0
     where = f"K={candidate['best_k']}" + (f", concurrency {serving['concurrency']}" if serving else "")
-    failed = []
-    if candidate["acceptance_rate"] < gates.min_acceptance_rate:
-        failed.append(f"acceptance rate {candidate['acceptance_rate']:.3f} < min_acceptance_rate {gates.min_acceptance_rate}")
+    ci = candidate.get("speedup_ci95")
+    measured = bool(candidate["speedup"])
+    shown = format_ci(candidate["speedup"], ci)
+    passes = candidate.get("repeats")
+    more = ("; measure more: raise serve.repeats or serve.max_prompts" if serving else
+            "; measure more: raise eval.max_repeats (or eval.time_budget_s, eval.max_prompts)")
+    checks = []
+
+    def check_(gate: str, result: str, reason: str) -> None:
+        checks.append({"gate": gate, "result": result, "reason": reason})
+
     if off:
-        failed.append(off_reason(serving))
-    elif candidate["speedup"] < gates.min_speedup:
-        failed.append(f"speedup {candidate['speedup']:.3f} at {where} < min_speedup {gates.min_speedup}")
+        best_ci = serving.get("best_speedup_ci95")
+        if best_ci is not None and best_ci[1] >= gates.min_speedup:  # the best K's interval still reaches the bar
+            check_("speedup", UNSURE, "inconclusive: " + off_reason(serving) + f", but its 95% interval "
+                   f"[{best_ci[0]:.2f}, {best_ci[1]:.2f}] reaches min_speedup {gates.min_speedup}{more}")
+        else:
+            check_("speedup", FAIL, off_reason(serving))
+        rule = "serving A/B: no K pays at this concurrency"
+    elif measured:
+        result = _from_verdict(verdict(ci, gates.min_speedup))
+        rule = "speedup interval"
+        after = f" after {passes} pass{'es' if passes != 1 else ''}" if passes else ""
+        if result == PASS:
+            check_("speedup", PASS, f"speedup {shown} at {where}: its 95% interval clears min_speedup {gates.min_speedup}")
+        elif result == FAIL:
+            check_("speedup", FAIL, f"speedup {shown} at {where} < min_speedup {gates.min_speedup} (its whole 95% "
+                                    "interval is below it)")
+        else:
+            why = "has no 95% interval (too few runs to estimate one)" if ci is None else \
+                f"its 95% interval straddles min_speedup {gates.min_speedup}"
+            check_("speedup", UNSURE, f"inconclusive: speedup {shown} at {where} {why}{after}"
+                                      f"{more}; not promoted on an uncertain gain")
+    else:
+        rule = "acceptance rule of thumb (no speedup measured)"
+        rate = candidate["acceptance_rate"]
+        if rate < gates.min_acceptance_rate:
+            check_("acceptance", FAIL, f"no speedup measured; acceptance rate {rate:.3f} < min_acceptance_rate "
+                                       f"{gates.min_acceptance_rate}")
+        else:
+            check_("acceptance", PASS, f"no speedup measured; acceptance rate {rate:.3f} >= min_acceptance_rate "
+                                       f"{gates.min_acceptance_rate}")
     if gates.require_greedy_match and candidate["greedy_match"] != 1.0:
-        failed.append(f"greedy_match {candidate['greedy_match']} != 1.0: speculative greedy output differed from plain "
-                      "decoding, which points to a broken pair or engine")
+        check_("greedy_match", FAIL, f"greedy_match {candidate['greedy_match']} != 1.0: speculative greedy output "
+                                     "differed from plain decoding, which points to a broken pair or engine")
     if gates.require_greedy_match and serving and serving.get("outputs_unequal"):
-        failed.append("vLLM's greedy outputs differ with speculation on vs off in "
-                      + "; ".join(serving["outputs_unequal"])
-                      + ": this points to a broken pair or engine (serving.json first_mismatch)")
-    if champion is not None and not off and candidate["speedup"] < champion["speedup"] + gates.champion_margin:
-        failed.append(f"speedup {candidate['speedup']:.3f} does not beat {champion_label or 'the production draft'}'s "
-                      f"{champion['speedup']:.3f} by the margin {gates.champion_margin}")
+        check_("greedy_match", FAIL, "vLLM's greedy outputs differ with speculation on vs off in "
+               + "; ".join(serving["outputs_unequal"]) + ": this points to a broken pair or engine (serving.json "
+               "first_mismatch)")
+    label = champion_label or "the production draft"
+    if champion is not None and not off:
+        mine = format_ci(candidate["speedup"], ci, unit="", digits=3)
+        theirs = f"{label}'s {format_ci(champion['speedup'], champion.get('speedup_ci95'), unit='', digits=3)}"
+        if difference_ci95 is not None:
+            result = _from_verdict(verdict(difference_ci95, gates.champion_margin))
+            paired = (f" (difference {candidate['speedup'] - champion['speedup']:+.3f} [{difference_ci95[0]:+.3f}, "
+                      f"{difference_ci95[1]:+.3f}], measured side by side)")
+        else:  # the candidate's own interval against the champion's figure
+            result = _from_verdict(verdict(ci, champion["speedup"] + gates.champion_margin))
+            paired = ""
+        if result == PASS:
+            check_("champion", PASS, f"speedup {mine} beats {theirs} by more than the margin {gates.champion_margin}"
+                                     + paired)
+        elif result == FAIL:
+            check_("champion", FAIL, f"speedup {mine} does not beat {theirs} by the margin {gates.champion_margin}"
+                                     + paired)
+        else:
+            check_("champion", UNSURE, f"inconclusive: speedup {mine} vs {theirs}: the 95% interval straddles the "
+                                       f"margin {gates.champion_margin}{paired}{more}")
+    failed = [c["reason"] for c in checks if c["result"] == FAIL]
+    unsure = [c["reason"] for c in checks if c["result"] == UNSURE]
+    decision = REFUSED if failed else (INCONCLUSIVE if unsure else PROMOTED)
     beats = f"; beats {champion_label or 'production'} ({champion['speedup']:.3f})" if champion is not None else ""
     at = f" in the serving A/B at {where}" if serving else ""
     passed = ["all gates passed" + at + beats]
-    return {"promote": not failed, "reasons": failed or passed, "gates": asdict(gates),
-            "candidate": candidate, "champion": champion}
+    return {"promote": decision == PROMOTED, "decision": decision, "rule": rule,
+            "reasons": failed + unsure if decision != PROMOTED else passed, "checks": checks, "gates": asdict(gates),
+            "candidate": candidate, "champion": champion, "difference_ci95": difference_ci95}
 
 
 def off_reason(serving: dict) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR, AcceptanceCounts
 from draftsmith.decode.stats import DecodeStats, SpeculativeStats
+from draftsmith.eval.intervals import Interval, Units, format_ci, ratio_ci
 from draftsmith.eval.theory import predicted_speedup
 
 
@@ -34,6 +35,8 @@ class CellRecord:
     mean_accepted_tokens: float  # τ
     per_position_acceptance: list[float]
     speedup: float  # plain / speculative wall time; 0.0 when no speculative time was measured
+    speedup_ci95: Interval  # its 95% interval (paired bootstrap over prompts and repeats: eval/intervals.py)
+    repeats: int  # passes over the prompts (speculative and plain side by side in each)
     predicted_speedup: float
     baseline: dict  # ttft_ms, tpot_ms, tokens_per_s of plain decoding
     speculative: dict  # the same for speculative decoding
@@ -72,33 +75,34 @@ def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
 
 
 def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: list[SpeculativeStats],
-                c: float, c_v: float, outputs_equal: list[bool] | None = None) -> CellRecord:
+                c: float, c_v: float, outputs_equal: list[bool] | None = None, units: Units | None = None,
+                repeats: int = 1) -> CellRecord:
     """Aggregate the runs of one cell.
 
     Args:
-        baseline / spec: stats of the plain and speculative runs over the same prompts.
+        baseline / spec: stats of the plain and speculative runs over the same prompts (every repeat).
         c / c_v: measured cost ratios for the predicted speedup (decode/timing.py).
-        outputs_equal: per prompt, whether speculative output == plain output (greedy runs).
-    Speedup = total plain wall time / total speculative wall time over the same prompts.
+        outputs_equal: per prompt (and repeat), whether speculative output == plain output (greedy runs).
+        units: the paired wall times [prompt][repeat] -> (plain_s, spec_s) the interval is taken over; None:
+            baseline[i] and spec[i] are one pair each (same lengths), each its own prompt.
+        repeats: the passes over the prompts these runs are.
+    Speedup = total plain wall time / total speculative wall time over the same prompts; its interval: the
+    paired bootstrap of eval/intervals.py.
     """
     if not baseline or not spec:
         raise ValueError("a cell needs at least one baseline and one speculative run")
     acc = acceptance_summary(k, spec)
     spec_s = sum(s.total_s for s in spec)
+    if units is None:
+        units = [[(b.total_s, s.total_s)] for b, s in zip(baseline, spec)] if len(baseline) == len(spec) else []
     return CellRecord(
         k=k, temperature=temperature, **acc,
         speedup=sum(s.total_s for s in baseline) / spec_s if spec_s > 0 else 0.0,
+        speedup_ci95=ratio_ci(units) if spec_s > 0 else None, repeats=repeats,
         predicted_speedup=predicted_speedup(acc["token_acceptance"], k, c, c_v),
         baseline=_latency(baseline), speculative=_latency(spec),
         greedy_match=(sum(outputs_equal) / len(outputs_equal)) if outputs_equal else None,
     )
-
-
-def best_k(records: list[CellRecord]) -> int:
-    """The K with the highest measured speedup (ties: the smaller K, which costs less draft compute)."""
-    if not records:
-        raise ValueError("best_k needs at least one record")
-    return max(records, key=lambda r: (r.speedup, -r.k)).k
 
 
 def slowdown_warning(record: CellRecord) -> str | None:
@@ -114,8 +118,11 @@ def slowdown_warning(record: CellRecord) -> str | None:
     if record.speedup:
         if record.speedup >= 1.0:
             return None
-        return (where + f"measured speedup {record.speedup:.2f} < 1 (acceptance rate {record.acceptance_rate:.2f}): "
-                "this draft slowed decoding down here and would likely slow serving down" + advice)
+        measured = format_ci(record.speedup, record.speedup_ci95, unit="")
+        sure = record.speedup_ci95 is not None and record.speedup_ci95[1] < 1.0
+        return (where + f"measured speedup {measured} < 1 (acceptance rate {record.acceptance_rate:.2f}): this draft "
+                + ("slowed decoding down here" if sure else "may have slowed decoding down here (its interval reaches 1)")
+                + " and would likely slow serving down" + advice)
     if record.acceptance_rate < ACCEPTANCE_FLOOR:
         return (where + f"no speedup measured; acceptance rate {record.acceptance_rate:.2f} < {ACCEPTANCE_FLOOR}: "
                 "this draft would likely make serving slower" + advice)

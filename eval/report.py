@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.eval.intervals import format_ci
+
 
 def _plots(metrics: dict, out: Path) -> list[str]:
     import matplotlib
@@ -90,6 +92,24 @@ LEGEND = ("Acceptance rate: accepted / drafted draft tokens. Token acceptance α
           "time on the same prompts.")
 
 
+def _interval_lines(metrics: dict) -> list[str]:
+    """How sure the speedups are: the interval's method, the passes taken and why they stopped, the best-K rule."""
+    rep = metrics.get("repeats")
+    if not rep:
+        return []
+    lines = [f"Speedups carry their 95% interval [lo, hi]: a paired bootstrap over prompts and passes (plain and "
+             f"speculative run side by side). Passes: {rep['initial']} per cell"
+             + (f", {rep['rounds']} more round(s) for undecided verdicts" if rep["rounds"] else "")
+             + f" (stopped: {rep['stopped']}"
+             + (f"; still undecided: {', '.join(rep['undecided'])}" if rep.get("undecided") else "") + ")."]
+    for name, s in metrics["summary"].items():
+        choice = s.get("k_choice")
+        if choice and len(choice["indistinguishable"]) > 1:
+            lines.append(f"- {name}: K {choice['indistinguishable']} are indistinguishable (fastest: K={choice['leader']}); "
+                         f"best K {s['best_k']} by the rule: {choice['rule']}.")
+    return lines + [""]
+
+
 def write_report(metrics: dict, out: Path) -> None:
     """Write report.md and its plots into `out`."""
     plots = _plots(metrics, out)
@@ -101,9 +121,9 @@ def write_report(metrics: dict, out: Path) -> None:
              "|---|---|---|---|---|---|---|"]
     for name, s in metrics["summary"].items():
         gm = "—" if s["greedy_match"] is None else f"{s['greedy_match']:.2f}"
-        lines.append(f"| {name} | {s['best_k']} | {s['speedup']:.2f} | {s['acceptance_rate']:.3f} | "
-                     f"{s['token_acceptance']:.3f} | {s['mean_accepted_tokens']:.2f} | {gm} |")
-    lines += ["", LEGEND]
+        lines.append(f"| {name} | {s['best_k']} | {format_ci(s['speedup'], s.get('speedup_ci95'))} | "
+                     f"{s['acceptance_rate']:.3f} | {s['token_acceptance']:.3f} | {s['mean_accepted_tokens']:.2f} | {gm} |")
+    lines += ["", LEGEND, "", *_interval_lines(metrics)]
     if metrics["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in metrics["warnings"]]
     lines += ["", "## All cells", "",
@@ -113,7 +133,8 @@ def write_report(metrics: dict, out: Path) -> None:
         hf = r.get("hf_assisted", {}).get("tokens_per_s")
         lines.append(
             f"| {r['draft']} | {r['k']} | {r['temperature']} | {r['acceptance_rate']:.3f} | {r['token_acceptance']:.3f} | "
-            f"{r['mean_accepted_tokens']:.2f} | {r['speedup']:.2f} | {r['predicted_speedup']:.2f} | "
+            f"{r['mean_accepted_tokens']:.2f} | {format_ci(r['speedup'], r.get('speedup_ci95'))} | "
+            f"{r['predicted_speedup']:.2f} | "
             f"{r['baseline']['tokens_per_s']:.1f} | {r['speculative']['tokens_per_s']:.1f} | "
             f"{r['baseline']['ttft_ms']:.1f} / {r['speculative']['ttft_ms']:.1f} | "
             f"{r['baseline']['tpot_ms']:.1f} / {r['speculative']['tpot_ms']:.1f} | {'—' if hf is None else f'{hf:.1f}'} |")

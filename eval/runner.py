@@ -1,9 +1,14 @@
 """eval: measure drafts inside the real speculative loop on held-out prompts, next to plain decoding.
 
-For each (draft, K, temperature): a warm-up, then for every prompt one plain and one speculative
-run, interleaved (order alternating by prompt), same max_new_tokens; cost ratios measured in the
-same block. Greedy cells also check speculative == plain output on every prompt (greedy_match) and
-time HF assisted generation as a second engine (speed only, outputs compared).
+For each (draft, K, temperature), ``eval.repeats`` passes (round-robin over the cells): a warm-up,
+then for every prompt one plain and one speculative run side by side (order alternating by prompt,
+rotated by pass), same max_new_tokens; cost ratios measured once per cell. The speedup's 95%
+interval is a paired bootstrap over prompts and passes (eval/intervals.py). When a verdict is
+undecided — the interval of a K that could be chosen straddles a bar of ``decide_at`` (the promote
+gate), or the candidate-vs-production difference straddles ``decide_margin`` — passes are added to
+those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_repeats`). Greedy
+cells also check speculative == plain output on every run (greedy_match) and time HF assisted
+generation as a second engine (speed only, outputs compared).
 
 Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
 ``cfg.out_dir`` atomically.
@@ -29,7 +34,8 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.decode.vocab import VOCAB_FILE, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings
-from draftsmith.eval.metrics import CellRecord, best_k, cell_record, slowdown_warning
+from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
+from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 from draftsmith.eval.vocab import datagen_vocab
 
 SCHEMA_VERSION = 1
@@ -51,6 +57,8 @@ class EvalConfig(EvalSettings, DecodeSettings):
     prompts_file: Optional[str] = None  # or: a JSONL file of {"prompt_ids": [...]} records
     dtype: str = "float32"
     device: str = "cpu"
+    decide_at: list[float] = field(default_factory=list)  # speedup bars to settle (pipeline: 1 and promote.min_speedup)
+    decide_margin: Optional[float] = None  # and the candidate-minus-production bar (promote.champion_margin)
 
     def __post_init__(self):
         EvalSettings.__post_init__(self)
@@ -138,43 +146,148 @@ def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_i
     return out, time.perf_counter() - start
 
 
-def measure_cell(cfg: EvalConfig, target, draft, prompts, k: int, temperature: float, eos,
-                 pad_id, draft_vocab: torch.Tensor | None = None) -> tuple[CellRecord, dict]:
-    """All runs of one (draft, K, temperature) cell -> (its record, its metrics.json entry with the HF A/B).
+@dataclass
+class Cell:
+    """The runs of one (draft, K, temperature) cell so far: every repeat's plain and speculative runs side by side."""
 
-    `draft_vocab`: the ids the draft may propose (eval.draft_vocab), None for its full vocabulary; HF
-    assisted generation (eval.hf_ab) always runs the full one."""
-    gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed)
+    draft: str
+    k: int
+    temperature: float
+    base: list = field(default_factory=list)  # DecodeStats of the plain runs, repeat-major
+    spec: list = field(default_factory=list)  # SpeculativeStats of the speculative runs, repeat-major
+    plain_s: list = field(default_factory=list)  # [repeat][prompt] wall seconds of the plain run
+    spec_s: list = field(default_factory=list)  # [repeat][prompt] wall seconds of the speculative run
+    equal: list = field(default_factory=list)  # greedy: speculative output == plain output, per run
+    costs: Optional[dict] = None  # cost_ratios() at this K, measured once
+    hf: Optional[dict] = None  # the HF assisted-generation A/B (greedy cells, first repeat)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.plain_s)
+
+    def units(self) -> Units:
+        return units_from_passes(self.plain_s, self.spec_s)
+
+    def record(self) -> CellRecord:
+        return cell_record(self.k, self.temperature, self.base, self.spec, self.costs["c"][self.k],
+                           self.costs["c_v"][self.k], self.equal if self.temperature == 0 else None,
+                           units=self.units(), repeats=self.repeats)
+
+
+def measure_repeat(cfg: EvalConfig, target, draft, prompts, cell: Cell, eos, pad_id,
+                   draft_vocab: torch.Tensor | None = None) -> None:
+    """One more pass of `cell` over every prompt: a warm-up, then per prompt one plain and one speculative run
+    side by side, their order alternating by prompt and rotated by repeat (so that neither always runs first).
+
+    The first pass also measures the cost ratios and (greedy cells, eval.hf_ab) times HF assisted generation.
+    `draft_vocab`: the ids the draft may propose (eval.draft_vocab), None for its full vocabulary; HF assisted
+    generation always runs the full one. Sampling cells draw from a generator seeded with seed + repeat."""
+    r, k, temperature = cell.repeats, cell.k, cell.temperature
+    gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed + r)
     common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=eos, generator=gen, backend=cfg.backend)
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
         speculative_generate(target, draft, prompts[0], k=k, draft_vocab=draft_vocab, **{**common, "max_new_tokens": 8})
-    base_stats, spec_stats, equal, hf_s, hf_equal = [], [], [], 0.0, True
+    plain_s, spec_s, hf_s, hf_equal = [], [], 0.0, True
     for i, prompt in enumerate(prompts):
         runs = [("plain", lambda: autoregressive_generate(target, prompt, **common)),
                 ("spec", lambda: speculative_generate(target, draft, prompt, k=k, draft_vocab=draft_vocab, **common))]
-        outs = {name: fn() for name, fn in (runs if i % 2 == 0 else runs[::-1])}
-        base_stats.append(outs["plain"].stats)
-        spec_stats.append(outs["spec"].stats)
+        outs = {name: fn() for name, fn in (runs if (i + r) % 2 == 0 else runs[::-1])}
+        cell.base.append(outs["plain"].stats)
+        cell.spec.append(outs["spec"].stats)
+        plain_s.append(outs["plain"].stats.total_s)
+        spec_s.append(outs["spec"].stats.total_s)
         if temperature == 0:
-            equal.append(torch.equal(outs["plain"].sequences, outs["spec"].sequences))
-            if cfg.hf_ab:
+            cell.equal.append(torch.equal(outs["plain"].sequences, outs["spec"].sequences))
+            if cfg.hf_ab and r == 0:
                 seq, sec = hf_assisted_generate(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
                 hf_s += sec
                 hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
-    costs = cost_ratios(target, draft, mid_decode_context(prompts[0], cfg.max_new_tokens), [k],
-                        repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
-    record = cell_record(k, temperature, base_stats, spec_stats, costs["c"][k], costs["c_v"][k],
-                         equal if temperature == 0 else None)
+    cell.plain_s.append(plain_s)
+    cell.spec_s.append(spec_s)
+    if cell.costs is None:
+        cell.costs = cost_ratios(target, draft, mid_decode_context(prompts[0], cfg.max_new_tokens), [k],
+                                 repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
+    if r == 0 and temperature == 0 and cfg.hf_ab:
+        tokens = sum(s.new_tokens for s in cell.base)
+        cell.hf = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal, "plain_tokens": tokens,
+                   "plain_s": sum(plain_s)}
+
+
+def cell_entry(cell: Cell, record: CellRecord) -> dict:
+    """A cell's metrics.json entry: the record's fields, the costs, the backends, the per-run timings, the HF A/B."""
     out = asdict(record)
-    out.update(c=costs["c"][k], c_v=costs["c_v"][k],
-               backend={"target": spec_stats[0].backend, "draft": spec_stats[0].draft_backend})
-    if temperature == 0 and cfg.hf_ab:
-        tokens = sum(s.new_tokens for s in base_stats)
-        out["hf_assisted"] = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal,
-                              "draftsmith_vs_hf": record.speculative["tokens_per_s"] / (tokens / hf_s) if hf_s else None}
-    return record, out
+    out.update(c=cell.costs["c"][cell.k], c_v=cell.costs["c_v"][cell.k],
+               backend={"target": cell.spec[0].backend, "draft": cell.spec[0].draft_backend},
+               timings={"plain_s": cell.plain_s, "spec_s": cell.spec_s})
+    if cell.hf is not None:
+        hf_tps = cell.hf["tokens_per_s"]
+        first_spec_tps = cell.hf["plain_tokens"] / sum(cell.spec_s[0]) if sum(cell.spec_s[0]) else 0.0
+        out["hf_assisted"] = {"tokens_per_s": hf_tps, "outputs_equal": cell.hf["outputs_equal"],
+                              "draftsmith_vs_hf": first_spec_tps / hf_tps if hf_tps else None}
+    return out
+
+
+def candidate_name(names) -> Optional[str]:
+    """The draft the promote stage decides on: the trained draft, else the base draft (None: neither)."""
+    return "trained" if "trained" in names else ("base" if "base" in names else None)
+
+
+def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
+    """The cells whose verdict more repeats could still settle (empty without eval.decide_at).
+
+    At the lowest temperature, for the promotion candidate (candidate_name) and the production draft: every K
+    that could be chosen as best (choose_k's indistinguishable set) whose speedup interval straddles (or has
+    none against) a bar in `cfg.decide_at`; and both chosen cells when the interval of the candidate's
+    speedup minus production's straddles `cfg.decide_margin`.
+    """
+    if not cfg.decide_at:
+        return []
+    temp = min(cfg.temperature)
+    names = [n for n in (candidate_name(cfg.drafts), "production") if n in cfg.drafts]
+    active, chosen = [], {}
+    for name in names:
+        mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
+        choice = choose_k({k: c.units() for k, c in mine.items()})
+        chosen[name] = mine[choice["k"]]
+        for k in choice["indistinguishable"]:
+            ci = mine[k].record().speedup_ci95
+            if any(verdict(ci, bar) in (STRADDLES, UNKNOWN) for bar in cfg.decide_at):
+                active.append(mine[k])
+    if cfg.decide_margin is not None and len(chosen) == 2:
+        a, b = chosen[names[0]], chosen["production"]
+        if verdict(difference_ci(a.units(), b.units()), cfg.decide_margin) in (STRADDLES, UNKNOWN):
+            active += [a, b]
+    return list({id(c): c for c in active}.values())
+
+
+def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, clock=time.monotonic) -> dict:
+    """Add passes to the undecided cells (:func:`undecided`) until every verdict is decided, each has
+    eval.max_repeats passes, or eval.time_budget_s (counted from `started`) is spent; `measure(cell)` runs one pass.
+
+    -> metrics.json's "repeats": {"initial", "max", "time_budget_s", "rounds" (added passes), "seconds",
+    "stopped": why it stopped, "undecided": the cells still undecided ("draft K=k")}.
+    """
+    rounds = 0
+    while True:
+        todo = undecided(cfg, cells)
+        if not todo:
+            stopped = "decided" if cfg.decide_at else "eval.decide_at is empty: no verdict to settle"
+            break
+        room = [c for c in todo if c.repeats < cfg.max_repeats]
+        if not room:
+            stopped = f"eval.max_repeats={cfg.max_repeats} reached"
+            break
+        if cfg.time_budget_s and clock() - started >= cfg.time_budget_s:
+            stopped = f"eval.time_budget_s={cfg.time_budget_s:g} spent"
+            break
+        for cell in room:
+            measure(cell)
+        rounds += 1
+    return {"initial": cfg.repeats, "max": cfg.max_repeats, "time_budget_s": cfg.time_budget_s, "rounds": rounds,
+            "seconds": clock() - started, "stopped": stopped,
+            "undecided": [f"{c.draft} K={c.k}" for c in todo]}
 
 
 def run(cfg: EvalConfig) -> dict:
@@ -186,6 +299,9 @@ def run(cfg: EvalConfig) -> dict:
     draft: "lean" or "hf") and "hf_assisted" for greedy cells],
     "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
     "mean_accepted_tokens", "greedy_match", "backend"} at best K of the lowest temperature}, "warnings": [...],
+    with every cell's "speedup_ci95" ([lo, hi] or None), "repeats" and "timings" ({"plain_s", "spec_s"}:
+    [repeat][prompt] wall seconds, paired); the summary's best K by eval/intervals.py choose_k ("k_choice":
+    leader, indistinguishable K, rule); "repeats": how many passes were added and why they stopped (more_repeats),
     "draft_vocab" (None, or with eval.draft_vocab: {"size", "source", "ranked_from_tokens", "heldout_coverage"};
     the ids in draft_vocab.json beside metrics.json), "provenance"}.
     """
@@ -209,29 +325,38 @@ def run(cfg: EvalConfig) -> dict:
         vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
         vocab = vocab.to(cfg.device)
 
+    cells = [Cell(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
+    started = time.monotonic()
+    for r in range(cfg.repeats):  # every cell's first passes, round-robin so that slow spells spread over cells
+        for cell in progress(cells, desc=f"eval (pass {r + 1} of {cfg.repeats})", unit="cell"):
+            measure_repeat(cfg, target, drafts[cell.draft], prompts, cell, eos, pad_id, vocab)
+    stopping = more_repeats(cfg, cells, lambda cell: measure_repeat(cfg, target, drafts[cell.draft], prompts, cell,
+                                                                   eos, pad_id, vocab), started)
     records, cell_records, warnings = [], [], []
-    cells = [(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
-    for name, k, temp in progress(cells, desc="eval", unit="cell"):
-        record, entry = measure_cell(cfg, target, drafts[name], prompts, k, temp, eos, pad_id, vocab)
-        records.append({"draft": name, **entry})
-        cell_records.append((name, record))
+    for cell in cells:
+        record = cell.record()
+        records.append({"draft": cell.draft, **cell_entry(cell, record)})
+        cell_records.append((cell.draft, record))
         warning = slowdown_warning(record)
         if warning:
-            warnings.append(f"draft {name!r}, {warning}")
+            warnings.append(f"draft {cell.draft!r}, {warning}")
     summary = {}
     for name in drafts:
         temp = min(cfg.temperature)
-        mine = [r for n, r in cell_records if n == name and r.temperature == temp]
-        kbest = best_k(mine)
-        best = next(r for r in mine if r.k == kbest)
+        mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
+        choice = choose_k({k: c.units() for k, c in mine.items()})
+        best = next(r for n, r in cell_records if n == name and r.temperature == temp and r.k == choice["k"])
         entry = next(e for (_, r), e in zip(cell_records, records) if r is best)  # its metrics.json entry
-        summary[name] = {"best_k": kbest, "temperature": temp, "speedup": best.speedup,
+        summary[name] = {"best_k": choice["k"], "temperature": temp, "speedup": best.speedup,
+                         "speedup_ci95": best.speedup_ci95, "repeats": best.repeats,
+                         "k_choice": {key: choice[key] for key in ("leader", "indistinguishable", "rule")},
                          "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
                          "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match,
                          "backend": entry["backend"]}
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
                "eval_set": eval_set_id(cfg, prompts), "draft_vocab": vocab_info,
-               "records": records, "summary": summary, "warnings": warnings, "provenance": provenance()}
+               "records": records, "summary": summary, "repeats": stopping, "warnings": warnings,
+               "provenance": provenance()}
     with atomic_dir(cfg.out_dir) as tmp:
         write_metrics(tmp, metrics)
         if vocab is not None:

@@ -3,9 +3,14 @@
 For the target, vLLM's OpenAI-compatible server runs once without speculation and once per draft x K
 with ``--speculative-config`` (draftsmith.serve.server: one context manager that always stops it); each
 server is warmed up and driven at every load level (eval/load.py: closed-loop concurrency levels,
-optionally open-loop Poisson rates) with the same token-id prompts, greedy; the spec-decode
-counters are read from ``/metrics`` before and after every level. Servers the user runs elsewhere
-can be given instead (``url`` with speculation, ``baseline_url`` without).
+optionally open-loop Poisson rates) with the same token-id prompts, greedy, ``serve.repeats`` passes;
+the spec-decode counters are read from ``/metrics`` before and after every level. With
+``serve.interleave`` (default) the plain server stays up beside each spec server and every pass of a
+level runs on both back to back (order alternating), so each cell's on/off figures were measured side
+by side in time. When the candidate draft's best K differs by concurrency, one more server serves the
+measured batch-size K schedule (serve/schedule.py, the form a promoted version hands vLLM) at every
+level: the ``scheduled`` column. Servers the user runs elsewhere can be given instead (``url`` with
+speculation, ``baseline_url`` without).
 
 The statistics (eval/serving_stats.py) go to ``serving.json``::
 
@@ -14,10 +19,14 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
      "cells": [{"draft", "k", "concurrency", "request_rate": null, "spec": {...}, "plain": {...},
                 "speedup", "tpot_ratio", "ttft_ratio", "acceptance_rate", "per_position_acceptance",
                 "mean_accepted_tokens", "vllm_counters", "outputs_equal", "compared", "mismatches",
-                "by", "first_mismatch", ["spec_equals_reference", "plain_equals_reference"]}],
+                "by", "first_mismatch", ["spec_equals_reference", "plain_equals_reference"],
+                "repeats", "speedup_ci95", "timings": {"plain_s", "spec_s"} ([pass][request] e2e seconds)}],
      "rate_cells": [the same, with "concurrency": null and "request_rate"],
      "boundary": {draft: {"per_k": [{"k", "status", "concurrency", "pays_up_to", "text"}],
-                          "best_k": [{"concurrency", "k" (0 = off), "speedup"}]}},
+                          "best_k": [best_k_per_concurrency's entries: "concurrency", "k" (0 = off), "speedup",
+                                     "speedup_ci95", "indistinguishable", "pays", ...]}},
+     "scheduled": {"draft", "schedule": [[start, end, K], ...], "cells": [cells with "k": "scheduled"]} | None,
+     "capacity": eval/capacity.py capacity_at_slo (with serve.slo_tpot_ms / slo_ttft_ms) | None,
      "warnings", "plots", "logs"}
 
 with ``spec``/``plain`` = {"requests", "errors", "output_tokens", "wall_s", "output_tokens_per_s",
@@ -26,6 +35,7 @@ with ``spec``/``plain`` = {"requests", "errors", "output_tokens", "wall_s", "out
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -34,13 +44,18 @@ from typing import Optional
 from draftsmith.artifacts.formats import write_serving
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
+from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
+from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
+from draftsmith.eval.intervals import format_ci
 from draftsmith.eval.load import LoadResult, run_load
 from draftsmith.serve.client import served_model
-from draftsmith.eval.serving_stats import compare_reference, make_cell, summarize, summary_lines  # noqa: F401 (re-export)
+from draftsmith.eval.serving_stats import (best_k_per_concurrency, compare_reference, k_bands, make_cell,  # noqa: F401
+                                          merge_passes, summarize, summary_lines)
 from draftsmith.eval.settings import ServingSettings
 
 SCHEMA_VERSION = 1
+TWO_SERVERS_GPU_SHARE = 0.45  # serve.interleave on a GPU without serve.gpu_memory_utilization: each server's share
 Levels = list[tuple[str, float]]  # ("concurrency", 4) | ("request_rate", 2.0)
 
 
@@ -55,31 +70,53 @@ def requests_per_level(n_prompts: int, kind: str, level: float) -> int:
     return max(n_prompts, 2 * int(level)) if kind == "concurrency" else n_prompts
 
 
-def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool,
-          log=print) -> dict[tuple[str, float], tuple[LoadResult, Optional[SpecCounters]]]:
-    """Warm `url` up, then run every load level; -> {level: (load, spec counters over the level or None)}."""
+Runs = dict  # {level: (its passes [LoadResult], spec counters summed over them or None)}
+
+
+def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool, log=print,
+          baseline_url: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
+    """Warm the server(s) up, then run every load level ``serve.repeats`` times, pass by pass (every level once,
+    then again, so that a slow spell spreads over the levels) -> {level: (passes, counters)}.
+
+    With `baseline_url` (the same target with speculation off, up at the same time) every pass of a level runs on
+    both servers back to back, the order alternating, so that each speculative pass has a plain pass measured
+    beside it: -> (spec runs, plain runs); `url` must then be the speculative server."""
     from draftsmith.serve.errors import VllmError
 
-    model = served_model(url, key="serve.url")
+    sides = [(url, spec)] + ([(baseline_url, False)] if baseline_url else [])
+    models = {u: served_model(u, key="serve.baseline_url" if u == baseline_url else "serve.url") for u, _ in sides}
     common = dict(ignore_eos=settings.ignore_eos, timeout_s=settings.request_timeout_s, seed=settings.seed)
     if settings.warmup:
-        run_load(url, model, prompts, num_requests=settings.warmup, max_tokens=min(8, settings.max_tokens),
-                 concurrency=1, **common)
-    out = {}
-    for kind, level in levels_of(settings):
-        before = scrape_metrics(url) if spec else None
-        load = run_load(url, model, prompts, num_requests=requests_per_level(len(prompts), kind, level),
-                        max_tokens=settings.max_tokens, **{kind: level}, **common)
-        counters = None
-        if spec:
-            counters = counters_delta(before, scrape_metrics(url))
-            if not counters.drafts:
-                raise VllmError(f"{url} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total did "
-                                "not move): is speculation on at that server?")
-        out[(kind, level)] = (load, counters)
-        log(f"draftsmith: serving: {'spec ' if spec else 'plain'} {kind}={level:g}: "
-            f"{sum(r.output_tokens for r in load.requests) / load.wall_s:.1f} output tokens/s")
-    return out
+        for u, _ in sides:
+            run_load(u, models[u], prompts, num_requests=settings.warmup, max_tokens=min(8, settings.max_tokens),
+                     concurrency=1, **common)
+    out: dict[str, dict] = {u: {} for u, _ in sides}
+    for r in range(settings.repeats):
+        for j, (kind, level) in enumerate(levels_of(settings)):
+            for u, is_spec in (sides if (r + j) % 2 == 0 else sides[::-1]):
+                before = scrape_metrics(u) if is_spec else None
+                load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
+                                max_tokens=settings.max_tokens, **{kind: level}, **common)
+                counters = None
+                if is_spec:
+                    counters = counters_delta(before, scrape_metrics(u))
+                    if not counters.drafts:
+                        raise VllmError(f"{u} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total "
+                                        "did not move): is speculation on at that server?")
+                loads, total = out[u].get((kind, level), ([], None))
+                out[u][(kind, level)] = (loads + [load], counters if total is None else _summed(total, counters))
+                log(f"draftsmith: serving: {'spec ' if is_spec else 'plain'} {kind}={level:g}"
+                    + (f" (pass {r + 1} of {settings.repeats})" if settings.repeats > 1 else "")
+                    + f": {sum(q.output_tokens for q in load.requests) / load.wall_s:.1f} output tokens/s")
+    return (out[url], out[baseline_url]) if baseline_url else out[url]
+
+
+def _summed(a: SpecCounters, b: SpecCounters) -> SpecCounters:
+    """Two passes' counter differences added up."""
+    positions = {i: a.accepted_per_pos.get(i, 0.0) + b.accepted_per_pos.get(i, 0.0)
+                 for i in sorted(a.accepted_per_pos.keys() | b.accepted_per_pos.keys())}
+    return SpecCounters(drafts=a.drafts + b.drafts, draft_tokens=a.draft_tokens + b.draft_tokens,
+                        accepted_tokens=a.accepted_tokens + b.accepted_tokens, accepted_per_pos=positions)
 
 
 def _slug(text: str) -> str:
@@ -88,12 +125,12 @@ def _slug(text: str) -> str:
 
 def _cells(draft, k, spec_runs, plain_runs, reference) -> list[dict]:
     cells = []
-    for level, (load, counters) in spec_runs.items():
-        plain = plain_runs[level][0]
-        cell = make_cell(draft, k, load, plain, counters)
+    for level, (loads, counters) in spec_runs.items():
+        plains = plain_runs[level][0]
+        cell = make_cell(draft, k, loads, plains, counters)
         if reference is not None:
-            cell["spec_equals_reference"] = compare_reference(load, reference)
-            cell["plain_equals_reference"] = compare_reference(plain, reference)
+            cell["spec_equals_reference"] = compare_reference(merge_passes(loads), reference)
+            cell["plain_equals_reference"] = compare_reference(merge_passes(plains), reference)
         cells.append(cell)
     return cells
 
@@ -129,41 +166,112 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     prompts = [list(map(int, p)) for p in prompts[:settings.max_prompts]]
     if not prompts:
         raise ValueError("run_serving_ab needs at least one prompt")
-    logs, cells = [], []
+    logs, cells, scheduled = [], [], None
     if settings.url:
         engine = {"url": settings.url, "baseline_url": settings.baseline_url}
-        plain_runs = drive(settings.baseline_url, prompts, settings, spec=False, log=log)
-        spec_runs = drive(settings.url, prompts, settings, spec=True, log=log)
+        spec_runs, plain_runs = drive(settings.url, prompts, settings, spec=True, baseline_url=settings.baseline_url,
+                                      log=log)
         name = next(iter(drafts)) if len(drafts) == 1 else "served"
         cells += _cells(name, _infer_k(spec_runs), spec_runs, plain_runs, reference)
     else:
         info = require_vllm(settings.python, key="serve.python", engine_key="serve.engine")
         engine = {"version": info.get("version"), "device": info.get("device")}
 
-        def server(name: str, draft: Optional[str] = None, kk: Optional[int] = None) -> VllmServer:
-            spec = settings.spec(target, device=info.get("device") or "cpu", dtype=dtype, draft=draft, k=kk)
+        device = info.get("device") or "cpu"
+        memory = settings
+        if settings.interleave and device != "cpu" and settings.gpu_memory_utilization is None:
+            memory = dataclasses.replace(settings, gpu_memory_utilization=TWO_SERVERS_GPU_SHARE)  # both fit
+
+        def server(name: str, draft: Optional[str] = None, kk: Optional[int] = None,
+                   schedule: Optional[list[list[int]]] = None) -> VllmServer:
+            spec = memory.spec(target, device=device, dtype=dtype, draft=draft, k=kk, schedule=schedule)
             log_path = out / "serving_logs" / f"{name}.log"
             logs.append(str(log_path.relative_to(out)))
             log(f"draftsmith: serving: starting vLLM ({name}); log {log_path}")
             return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
 
-        with server("plain") as srv:
-            plain_runs = drive(srv.url, prompts, settings, spec=False, log=log)
-        for name, path in drafts.items():
-            for kk in k:
-                with server(f"{_slug(name)}-k{kk}", str(path), kk) as srv:
-                    spec_runs = drive(srv.url, prompts, settings, spec=True, log=log)
-                cells += _cells(name, kk, spec_runs, plain_runs, reference)
+        plain_runs = None
+
+        def measure(name: str, draft: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
+            """One spec server's runs and the plain runs they are compared with."""
+            label = f"{_slug(name)}-k{kk}" if schedule is None else f"{_slug(name)}-scheduled"
+            with server(label, draft, kk, schedule) as srv:
+                if plain_url is not None:
+                    return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, log=log)
+                return drive(srv.url, prompts, settings, spec=True, log=log), plain_runs
+
+        def every_server(plain_url: Optional[str]):
+            nonlocal cells, scheduled
+            for name, path in drafts.items():
+                for kk in k:
+                    spec_runs, plain = measure(name, str(path), kk, plain_url=plain_url)
+                    cells += _cells(name, kk, spec_runs, plain, reference)
+            scheduled = schedule_to_measure(cells, drafts, k)
+            if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
+                log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
+                    f"{describe_schedule(scheduled['schedule'])}")
+                spec_runs, plain = measure(scheduled["draft"], str(drafts[scheduled["draft"]]), None,
+                                           scheduled["schedule"], plain_url=plain_url)
+                scheduled["cells"] = [{**c, "k": None, "column": "scheduled"}
+                                      for c in _cells(scheduled["draft"], None, spec_runs, plain, reference)
+                                      if c["concurrency"] is not None]
+                scheduled.update(track_schedule(cells, scheduled))
+
+        if settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
+            with server("plain") as plain_srv:
+                every_server(plain_srv.url)
+        else:  # one server at a time: the plain passes first, shared by every cell
+            with server("plain") as srv:
+                plain_runs = drive(srv.url, prompts, settings, spec=False, log=log)
+            every_server(None)
     closed = [c for c in cells if c["concurrency"] is not None]
     serving = {"schema_version": SCHEMA_VERSION, "engine": settings.engine, "vllm": engine, "target": target,
                "drafts": dict(drafts), "settings": asdict(settings), "dtype": dtype, "prompts": len(prompts),
                "requests_per_level": {f"{kind}={lvl:g}": requests_per_level(len(prompts), kind, lvl)
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
-               "boundary": summarize(closed), "warnings": warnings_of(cells), "logs": logs}
+               "boundary": summarize(closed), "scheduled": scheduled, "warnings": warnings_of(cells), "logs": logs,
+               "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}
     serving["plots"] = plot_serving(serving, out)
     write_serving(out, serving)
     return serving
+
+
+def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:
+    """{"draft", "bands", "schedule"} of the promotion candidate (the trained draft, else the first) when its best K
+    (best_k_per_concurrency) differs between the measured levels — the schedule a promotion would export
+    (serve/schedule.py) — else None: one static K (or off everywhere) is already a measured column."""
+    name = "trained" if "trained" in drafts else next(iter(drafts), None)
+    mine = [c for c in cells if c["draft"] == name and c["concurrency"] is not None and c["k"] is not None]
+    if not mine or len(set(k)) < 1:
+        return None
+    bands = k_bands(best_k_per_concurrency(mine))
+    ks = {b["k"] for b in bands}
+    if len(ks) < 2 or ks == {0}:
+        return None
+    return {"draft": name, "bands": bands, "schedule": batch_size_schedule(bands)}
+
+
+def track_schedule(cells: list[dict], scheduled: dict) -> dict:
+    """Does the scheduled column track the best of the static K and off at every level? Per level: the scheduled
+    speedup and interval, the best static choice (best_k_per_concurrency: K and its speedup, 1.0 for off), and
+    whether they agree within the intervals (the best static figure inside the scheduled interval, or the two
+    intervals overlapping) -> {"tracking": [...], "tracks": bool | None}."""
+    best = {b["concurrency"]: b for b in best_k_per_concurrency(
+        [c for c in cells if c["draft"] == scheduled["draft"] and c["concurrency"] is not None
+         and c["k"] is not None])}
+    rows = []
+    for c in sorted(scheduled.get("cells", []), key=lambda c: c["concurrency"]):
+        b = best.get(c["concurrency"])
+        if b is None or c["speedup"] is None:
+            continue
+        ci, bci = c.get("speedup_ci95"), b.get("speedup_ci95") or [b["speedup"], b["speedup"]]
+        agree = None if ci is None else (ci[0] <= bci[1] and bci[0] <= ci[1])
+        rows.append({"concurrency": c["concurrency"], "speedup": c["speedup"], "speedup_ci95": ci,
+                     "best_static_k": b["k"], "best_static_speedup": b["speedup"], "best_static_ci95": b.get("speedup_ci95"),
+                     "agrees": agree})
+    verdicts = [r["agrees"] for r in rows if r["agrees"] is not None]
+    return {"tracking": rows, "tracks": all(verdicts) if verdicts else None}
 
 
 def warnings_of(cells: list[dict]) -> list[str]:
@@ -245,7 +353,9 @@ def report_section(serving: dict) -> str:
     lines = ["", "## Serving A/B on vLLM", "",
              f"vLLM {serving['vllm'].get('version') or serving['vllm'].get('url', '')}, {serving['prompts']} prompts, "
              f"{serving['settings']['max_tokens']} tokens per request, closed-loop concurrency "
-             f"{serving['settings']['concurrency']}. Speedup = output tokens/s with speculation / without.", "",
+             f"{serving['settings']['concurrency']}, {serving['settings'].get('repeats', 1)} pass(es) per level. Speedup = "
+             "output tokens/s with speculation / without, with its 95% interval (paired bootstrap over requests and "
+             "passes).", "",
              "| draft | K | concurrency | tokens/s on | tokens/s off | speedup | TTFT p50 on / off (ms) "
              "| TPOT p50 on / off (ms) | vLLM acceptance rate | outputs equal |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -253,10 +363,23 @@ def report_section(serving: dict) -> str:
         s, p = c["spec"], c["plain"]
         rate = "-" if c.get("acceptance_rate") is None else f"{c['acceptance_rate']:.3f}"
         lines.append(f"| {c['draft']} | {c['k']} | {c['concurrency']} | {s['output_tokens_per_s']:.1f} | "
-                     f"{p['output_tokens_per_s']:.1f} | {_fmt(c['speedup'], 'x')} | {_fmt(s['ttft_ms_p50'])} / "
+                     f"{p['output_tokens_per_s']:.1f} | {format_ci(c['speedup'], c.get('speedup_ci95'))} | {_fmt(s['ttft_ms_p50'])} / "
                      f"{_fmt(p['ttft_ms_p50'])} | {_fmt(s['tpot_ms_p50'])} / {_fmt(p['tpot_ms_p50'])} | {rate} | "
                      f"{c['outputs_equal']} |")
+    sched = serving.get("scheduled")
+    if sched and sched.get("cells"):
+        lines += ["", f"### The measured K schedule ({sched['draft']}): {describe_schedule(sched['schedule'])}", "",
+                  "What a promoted version's speculative_config.json hands vLLM (num_speculative_tokens_per_batch_size), "
+                  "served as one more column; it should track the best static K (or off) at each level.", "",
+                  "| concurrency | scheduled speedup | best static | agrees within the intervals |", "|---|---|---|---|"]
+        for row in sched["tracking"]:
+            static = ("off (1.00x)" if row["best_static_k"] == 0 else
+                      f"K={row['best_static_k']} {format_ci(row['best_static_speedup'], row['best_static_ci95'])}")
+            lines.append(f"| {row['concurrency']} | {format_ci(row['speedup'], row['speedup_ci95'])} | {static} | "
+                         f"{'-' if row['agrees'] is None else ('yes' if row['agrees'] else 'no')} |")
     lines += ["", *[f"- {line}" for line in summary_lines(serving)], ""]
+    if serving.get("capacity"):
+        lines += [capacity_markdown(serving["capacity"]), ""]
     lines += [f"![{name}]({name})" for name in serving.get("plots", [])]
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,13 @@ off (``plain``), side by side. Names (one per quantity, as in serving.json and t
 - ``output_tokens_per_s``: output tokens of the level / its wall time (first send -> last response);
 - ``requests_per_s``: finished requests / wall time;
 - ``ttft_ms_p50/p95``, ``tpot_ms_p50/p95``, ``e2e_ms_p50/p95``: percentiles over requests;
-- ``speedup``: spec / plain ``output_tokens_per_s`` (> 1: speculation pays at this concurrency);
+- ``speedup``: spec / plain ``output_tokens_per_s`` (> 1: speculation pays at this concurrency), pooled over
+  the cell's passes (``serve.repeats``: every level driven that many times per server);
+- ``speedup_ci95``: its 95% interval — the paired bootstrap (eval/intervals.py) over requests (request i
+  of a level sends the same prompt on both sides) and passes of sum(plain e2e) / sum(spec e2e), which is
+  the throughput ratio of a closed loop in steady state (Little's law: throughput = concurrency x
+  tokens / e2e); scaled by speedup / that ratio so that it is centred on the throughput speedup.
+  ``timings`` keeps the per-pass, per-request e2e seconds it is taken over;
 - ``tpot_ratio``: spec / plain ``tpot_ms_p50`` (< 1: speculation makes each token faster);
 - ``acceptance_rate``: vLLM's accepted / drafted tokens over the cell (counter differences),
   the same quantity as draftsmith's ``acceptance_rate``; ``per_position_acceptance``: accepted at
@@ -18,10 +24,12 @@ off (``plain``), side by side. Names (one per quantity, as in serving.json and t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
+from draftsmith.eval.intervals import ABOVE, BELOW, choose_k, format_ci, ratio, ratio_ci, units_from_passes, verdict
 from draftsmith.eval.load import LoadResult
 
 
@@ -91,15 +99,54 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
-def make_cell(draft: str, k: Optional[int], spec: LoadResult, plain: LoadResult,
+def merge_passes(loads: list[LoadResult]) -> LoadResult:
+    """The passes of one level as one load: every request (indices offset by pass, so that request i of pass j on
+    one side meets request i of pass j on the other), wall times summed."""
+    if not loads:
+        raise ValueError("merge_passes needs at least one pass")
+    width = max((len(load.requests) for load in loads), default=0)
+    requests = [dataclasses.replace(r, index=j * width + r.index) for j, load in enumerate(loads)
+                for r in load.requests]
+    return LoadResult(concurrency=loads[0].concurrency, request_rate=loads[0].request_rate,
+                      wall_s=sum(load.wall_s for load in loads), requests=requests)
+
+
+def pass_latencies(loads: list[LoadResult]) -> list[list[Optional[float]]]:
+    """[pass][request index] end-to-end seconds (None for a failed request) of one side of a cell."""
+    out = []
+    for load in loads:
+        row = [None] * (max((r.index for r in load.requests), default=-1) + 1)
+        for r in load.requests:
+            row[r.index] = None if r.error else r.e2e_s
+        out.append(row)
+    return out
+
+
+def speedup_interval(speedup: Optional[float], timings: dict) -> Optional[list[float]]:
+    """The 95% interval of a cell's throughput speedup from its paired latencies (module docstring), or None."""
+    units = units_from_passes(timings["plain_s"], timings["spec_s"])
+    ci = ratio_ci(units)
+    if ci is None or speedup is None or not ratio(units):
+        return None
+    scale = speedup / ratio(units)
+    return [ci[0] * scale, ci[1] * scale]
+
+
+def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult], plain: LoadResult | list[LoadResult],
               counters: Optional[SpecCounters] = None) -> dict:
-    """One serving.json cell: both sides' statistics, their ratios, vLLM's acceptance and the output comparison."""
+    """One serving.json cell: both sides' statistics (pooled over their passes), their ratios and the speedup's
+    interval, vLLM's acceptance and the output comparison."""
+    spec_passes = spec if isinstance(spec, list) else [spec]
+    plain_passes = plain if isinstance(plain, list) else [plain]
+    spec, plain = merge_passes(spec_passes), merge_passes(plain_passes)
     s, p = side_stats(spec), side_stats(plain)
+    timings = {"plain_s": pass_latencies(plain_passes), "spec_s": pass_latencies(spec_passes)}
+    speedup = _ratio(s["output_tokens_per_s"], p["output_tokens_per_s"])
     cell = {"draft": draft, "k": k, "concurrency": spec.concurrency, "request_rate": spec.request_rate,
-            "spec": s, "plain": p,
-            "speedup": _ratio(s["output_tokens_per_s"], p["output_tokens_per_s"]),
+            "spec": s, "plain": p, "repeats": len(spec_passes),
+            "speedup": speedup, "speedup_ci95": speedup_interval(speedup, timings),
             "tpot_ratio": _ratio(s["tpot_ms_p50"], p["tpot_ms_p50"]),
-            "ttft_ratio": _ratio(s["ttft_ms_p50"], p["ttft_ms_p50"])}
+            "ttft_ratio": _ratio(s["ttft_ms_p50"], p["ttft_ms_p50"]), "timings": timings}
     c = counters or SpecCounters()
     cell.update(acceptance_rate=c.acceptance_rate(), per_position_acceptance=c.per_position_acceptance(),
                 mean_accepted_tokens=c.mean_accepted_tokens(),
@@ -135,19 +182,58 @@ def boundary(points: list[tuple[float, float]]) -> dict:
             "text": f"beyond the measured range (still {pts[-1][1]:.2f}x at concurrency {top:g})"}
 
 
+def cell_units(cell: dict):
+    """The paired [request][pass] latencies of a cell (eval/intervals.py units), or None (no timings recorded)."""
+    timings = cell.get("timings")
+    return units_from_passes(timings["plain_s"], timings["spec_s"]) if timings else None
+
+
 def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
-    """Per concurrency level, the K with the highest speedup among `cells` (one draft's closed-loop cells), or
-    K = 0 (speculation off) when no K gains (speedup <= 1); ties go to the smaller K.
-    -> [{"concurrency", "k", "speedup"} sorted by concurrency] (speedup 1.0 for "off")."""
+    """Per concurrency level, the K to serve among `cells` (one draft's closed-loop cells): the smallest K whose
+    speedup is indistinguishable from the fastest K's (eval/intervals.py choose_k, on the cells' paired
+    latencies; without them, the fastest K, ties to the smaller), or K = 0 (speculation off) when that K does
+    not gain (speedup <= 1).
+    -> [{"concurrency", "k", "speedup" (1.0 for "off"), "speedup_ci95" (None for "off"), "indistinguishable" (K),
+    "pays": "yes" (interval above 1) | "no" (below) | "unsure" (it straddles 1), "best_speedup",
+    "best_speedup_ci95", "best_speedup_k" (the chosen K's figures, also when "off")}] sorted by concurrency."""
     out = []
     for conc in sorted({c["concurrency"] for c in cells}):
-        here = [c for c in cells if c["concurrency"] == conc and c["speedup"] is not None]
-        best = max(here, key=lambda c: (c["speedup"], -c["k"]), default=None)
-        if best is None or best["speedup"] <= 1.0:
-            out.append({"concurrency": conc, "k": 0, "speedup": 1.0})
+        here = {c["k"]: c for c in cells if c["concurrency"] == conc and c["speedup"] is not None}
+        if not here:
+            out.append({"concurrency": conc, "k": 0, "speedup": 1.0, "speedup_ci95": None, "indistinguishable": [],
+                        "pays": "no", "best_speedup": None, "best_speedup_ci95": None, "best_speedup_k": None})
+            continue
+        units = {k: cell_units(c) for k, c in here.items()}
+        if all(units.values()):
+            choice = choose_k(units)
+        else:  # cells written before intervals: the fastest K
+            k = max(here.values(), key=lambda c: (c["speedup"], -c["k"]))["k"]
+            choice = {"k": k, "indistinguishable": [k]}
+        best = here[choice["k"]]
+        v = verdict(best.get("speedup_ci95"), 1.0)
+        pays = {ABOVE: "yes", BELOW: "no"}.get(v, "unsure")
+        figures = {"best_speedup": best["speedup"], "best_speedup_ci95": best.get("speedup_ci95"),
+                   "best_speedup_k": best["k"], "indistinguishable": choice["indistinguishable"], "pays": pays}
+        if best["speedup"] <= 1.0:
+            out.append({"concurrency": conc, "k": 0, "speedup": 1.0, "speedup_ci95": None, **figures})
         else:
-            out.append({"concurrency": conc, "k": best["k"], "speedup": best["speedup"]})
+            out.append({"concurrency": conc, "k": best["k"], "speedup": best["speedup"],
+                        "speedup_ci95": best.get("speedup_ci95"), **figures})
     return out
+
+
+def k_bands(best: list[dict]) -> list[dict]:
+    """The recommended K per concurrency band from best_k_per_concurrency(): consecutive measured levels with the
+    same K merged -> [{"from", "to", "k"}, ..., {"from", "k"}] (the last band open-ended; K 0 = off)."""
+    bands: list[dict] = []
+    for entry in best:
+        if bands and bands[-1]["k"] == entry["k"]:
+            bands[-1]["to"] = entry["concurrency"]
+        else:
+            bands.append({"from": entry["concurrency"], "to": entry["concurrency"], "k": entry["k"]})
+    if bands:
+        del bands[-1]["to"]
+    return bands
 
 
 def summarize(cells: list[dict]) -> dict:
@@ -176,11 +262,24 @@ def summary_lines(serving: dict) -> list[str]:
             mine = sorted((c for c in closed if c["draft"] == draft and c["k"] == entry["k"]),
                           key=lambda c: c["concurrency"])
             lo, hi = mine[0], mine[-1]
-            lines.append(f"serving {draft} K={entry['k']}: {_x(lo['speedup'])} at concurrency {lo['concurrency']}, "
-                         f"{_x(hi['speedup'])} at {hi['concurrency']}; {entry['text']}")
+            lines.append(f"serving {draft} K={entry['k']}: {_x(lo['speedup'], lo.get('speedup_ci95'))} at concurrency "
+                         f"{lo['concurrency']}, {_x(hi['speedup'], hi.get('speedup_ci95'))} at {hi['concurrency']}; "
+                         f"{entry['text']}")
         bands = ", ".join(f"{b['concurrency']}: {'off' if b['k'] == 0 else 'K=' + str(b['k'])}"
                           for b in summary["best_k"])
         lines.append(f"serving {draft} best K per concurrency: {bands}")
+    sched = serving.get("scheduled")
+    if sched and sched.get("tracking"):
+        from draftsmith.serve.schedule import describe_schedule
+
+        at = ", ".join(f"{_x(r['speedup'], r['speedup_ci95'])} at {r['concurrency']}" for r in sched["tracking"])
+        tracks = {True: "yes", False: "NO", None: "unknown"}[sched.get("tracks")]
+        lines.append(f"serving {sched['draft']} scheduled ({describe_schedule(sched['schedule'])}): {at}; tracks the "
+                     f"best static K or off within the intervals: {tracks}")
+    if serving.get("capacity"):
+        from draftsmith.eval.capacity import capacity_lines
+
+        lines += capacity_lines(serving["capacity"])
     unequal = [c for c in serving["cells"] if c.get("outputs_equal") is False]
     if unequal:
         lines.append(f"serving: greedy outputs differ with speculation on vs off in {len(unequal)} cell(s) "
@@ -188,5 +287,5 @@ def summary_lines(serving: dict) -> list[str]:
     return lines
 
 
-def _x(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+def _x(value: Optional[float], ci: Optional[list[float]] = None) -> str:
+    return format_ci(value, ci)

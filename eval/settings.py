@@ -45,6 +45,9 @@ class EvalSettings:
     max_new_tokens: int = 64
     max_prompts: int = 8
     warmup: int = 1
+    repeats: int = 2  # passes over the prompts per cell, plain and speculative side by side (the interval's repeats)
+    max_repeats: int = 6  # passes a cell may reach when its verdict is undecided (its interval straddles a gate)
+    time_budget_s: float = 0.0  # seconds the eval may spend before it stops adding passes (0 = no limit)
     hf_ab: bool = False  # also time HF assisted generation beside draftsmith's loop (greedy cells)
     cost_repeats: int = 5
     draft_vocab: int = 0  # > 0: every draft proposes only the N tokens the target says most often in the datagen
@@ -59,6 +62,10 @@ class EvalSettings:
         check(self.max_new_tokens >= 1, f"eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         check(self.max_prompts >= 1, f"eval.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"eval.warmup must be >= 0, got {self.warmup}")
+        check(isinstance(self.repeats, int) and self.repeats >= 1, f"eval.repeats must be an integer >= 1, got {self.repeats!r}")
+        check(isinstance(self.max_repeats, int) and self.max_repeats >= self.repeats,
+              f"eval.max_repeats must be an integer >= eval.repeats ({self.repeats}), got {self.max_repeats!r}")
+        check(self.time_budget_s >= 0, f"eval.time_budget_s must be >= 0 (0 = no limit), got {self.time_budget_s}")
         check(self.cost_repeats >= 1, f"eval.cost_repeats must be >= 1, got {self.cost_repeats}")
         check(isinstance(self.draft_vocab, int) and self.draft_vocab >= 0,
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
@@ -89,6 +96,12 @@ class ServingSettings(ServerSettings):
     ignore_eos: bool = True  # every request produces exactly max_tokens tokens
     max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
     warmup: int = 2  # unrecorded requests after each server start
+    repeats: int = 1  # passes over every level per server (the speedup's interval is over requests and passes)
+    interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
+    # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
+    # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
+    slo_tpot_ms: Optional[float] = None  # p95 TPOT target: the capacity at it (eval/capacity.py) in serving.json
+    slo_ttft_ms: Optional[float] = None  # p95 TTFT target, likewise (both: both must hold)
     seed: int = 0  # the Poisson arrival times
     baseline_url: Optional[str] = None  # with url: the same target with speculation off (no launch)
 
@@ -108,6 +121,10 @@ class ServingSettings(ServerSettings):
         check(self.max_tokens >= 1, f"serve.max_tokens must be >= 1, got {self.max_tokens}")
         check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
+        check(isinstance(self.repeats, int) and self.repeats >= 1, f"serve.repeats must be an integer >= 1, got {self.repeats!r}")
+        for key in ("slo_tpot_ms", "slo_ttft_ms"):
+            value = getattr(self, key)
+            check(value is None or value > 0, f"serve.{key} must be > 0 (milliseconds, p95) or unset, got {value}")
         check((self.url is None) == (self.baseline_url is None),
               "serve.url and serve.baseline_url go together: give the server with speculation on "
               "(url) and the same target without it (baseline_url), or neither to launch vLLM here")

@@ -9,7 +9,13 @@ of the model; narrow it with a label selector)::
     sum by (model_name) (increase(vllm:spec_decode_num_accepted_tokens_total[W]))
       / sum by (model_name) (increase(vllm:spec_decode_num_draft_tokens_total[W]))
 
-``increase()`` handles counter resets as the monitor does. Rules (alerts only, no recording rules):
+``increase()`` handles counter resets as the monitor does. A version served with a batch-size K schedule that
+drafts several K's is watched, as by the monitor (monitor/window.py), on its first-position acceptance::
+
+    sum by (model_name) (increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}[W]))
+      / sum by (model_name) (increase(vllm:spec_decode_num_drafts_total[W]))
+
+with the volume counted in drafts. Rules (alerts only, no recording rules), on the watched figure:
 
 - ``DraftAcceptanceDrift`` (warning): acceptance < measured - margin, for ``for_``;
 - ``DraftAcceptanceBelowFloor`` (critical): acceptance < min_acceptance, for ``for_``;
@@ -34,8 +40,9 @@ from draftsmith.artifacts import write_text
 from draftsmith.artifacts.errors import UserError
 from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR
 from draftsmith.monitor.reference import reference_rules
-from draftsmith.monitor.window import DEFAULT_MARGIN, DEFAULT_MIN_DRAFT_TOKENS, recommendation
-from draftsmith.serve.metrics import SPEC_COUNTERS
+from draftsmith.monitor.window import (ACCEPTANCE_RATE, DEFAULT_MARGIN, DEFAULT_MIN_DRAFT_TOKENS, FIGURES,
+                                       FIRST_POSITION, recommendation)
+from draftsmith.serve.metrics import PER_POS, SPEC_COUNTERS
 
 DURATION_RE = re.compile(r"^(0|(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$")  # Prometheus model.Duration
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -68,6 +75,21 @@ def acceptance_expr(window: str, selector: str = "") -> str:
     return f"{acc}\n  / {drafted}"
 
 
+def first_position_expr(window: str, selector: str = "") -> str:
+    """PromQL: the first-position acceptance over `window` (accepted at position 0 / drafts), summed over engines,
+    per model_name: what the monitor watches for a version with a batch-size K schedule."""
+    first = _increase(PER_POS, window, ", ".join(filter(None, [selector, 'position="0"'])))
+    drafts = _increase(SPEC_COUNTERS["drafts"], window, selector)
+    return f"{first}\n  / {drafts}"
+
+
+def figure_expr(figure: str, window: str, selector: str = "") -> str:
+    """PromQL of the watched figure (monitor/window.py FIGURES) over `window`."""
+    if figure not in FIGURES:
+        raise AlertRulesError(f"the watched figure must be one of {sorted(FIGURES)}, got {figure!r}")
+    return first_position_expr(window, selector) if figure == FIRST_POSITION else acceptance_expr(window, selector)
+
+
 def _increase(metric: str, window: str, selector: str) -> str:
     return f"sum by (model_name) (increase({metric}{{{selector}}}[{window}]))" if selector else \
         f"sum by (model_name) (increase({metric}[{window}]))"
@@ -76,7 +98,7 @@ def _increase(metric: str, window: str, selector: str) -> str:
 def prometheus_rules(*, name: str, version: Optional[int], measured: Optional[float], source: str, margin: float,
                      min_acceptance: float, window: str = DEFAULT_WINDOW, for_: str = DEFAULT_FOR,
                      selector: str = "", min_draft_tokens: int = DEFAULT_MIN_DRAFT_TOKENS,
-                     recommendation: dict[str, str] | None = None) -> dict:
+                     recommendation: dict[str, str] | None = None, figure: str = ACCEPTANCE_RATE) -> dict:
     """The rule file's content (a dict for yaml.safe_dump) for the draft `name` v`version`.
 
     Args:
@@ -85,15 +107,20 @@ def prometheus_rules(*, name: str, version: Optional[int], measured: Optional[fl
         margin: the drift rule fires below measured - margin; min_acceptance: the floor rule's threshold.
         window: the PromQL range the acceptance is taken over; for_: how long a rule must hold before it fires.
         selector: label matchers without braces (``job="vllm", model_name="my-target"``) narrowing every counter.
-        min_draft_tokens: drafted tokens the window needs before the acceptance rules may fire.
+        min_draft_tokens: drafted tokens the window needs before the acceptance rules may fire (drafts, for
+            the first-position figure: its trials).
         recommendation: {"drift": text, "floor": text}, the action each alert's annotations recommend.
+        figure: the watched figure, "acceptance_rate" or "first_position_acceptance" (a version with a batch-size
+            K schedule drafting several K's: monitor/reference.py ``watched_figure``); `measured` is its value.
     """
     check_duration("--window", window)
     check_duration("--for", for_, zero_ok=True)
     if any(c in selector for c in "{}"):
         raise AlertRulesError(f"--selector {selector!r}: give the label matchers without braces, e.g. job=\"vllm\"")
-    acceptance = acceptance_expr(window, selector)
-    volume = f"{_increase(SPEC_COUNTERS['draft_tokens'], window, selector)} >= {int(min_draft_tokens)}"
+    acceptance = figure_expr(figure, window, selector)
+    trials = SPEC_COUNTERS["drafts" if figure == FIRST_POSITION else "draft_tokens"]
+    volume = f"{_increase(trials, window, selector)} >= {int(min_draft_tokens)}"
+    what_figure = "acceptance rate" if figure == ACCEPTANCE_RATE else FIGURES[figure]
     labels = {"draftsmith_name": name, **({"draftsmith_version": f"v{version}"} if version is not None else {})}
     what = f"{name}" + (f" v{version}" if version is not None else "")
     recommendation = recommendation or {}
@@ -106,7 +133,7 @@ def prometheus_rules(*, name: str, version: Optional[int], measured: Optional[fl
             "for": for_, "labels": {"severity": "warning", **labels},
             "annotations": {
                 "summary": f"Speculative-decoding acceptance of draft {what} drifted below {drift:g}",
-                "description": (f"vLLM's acceptance rate over {window} is {{{{ $value | printf \"%.3f\" }}}}, below "
+                "description": (f"vLLM's {what_figure} over {window} is {{{{ $value | printf \"%.3f\" }}}}, below "
                                 f"{drift:g} = the measured {measured:.3f} ({source}) - margin {margin:g}: live "
                                 "traffic has moved away from what the draft was trained on."),
                 "recommendation": recommendation.get("drift", "retrain the draft on recent traffic")}})
@@ -116,7 +143,7 @@ def prometheus_rules(*, name: str, version: Optional[int], measured: Optional[fl
         "for": for_, "labels": {"severity": "critical", **labels},
         "annotations": {
             "summary": f"Speculative-decoding acceptance of draft {what} is below {min_acceptance:g}",
-            "description": (f"vLLM's acceptance rate over {window} is {{{{ $value | printf \"%.3f\" }}}}, below "
+            "description": (f"vLLM's {what_figure} over {window} is {{{{ $value | printf \"%.3f\" }}}}, below "
                             f"{min_acceptance:g}: below it speculation usually costs more than it saves."),
             "recommendation": recommendation.get("floor", "disable speculation, then retrain the draft")}})
     counter = SPEC_COUNTERS["drafts"]
@@ -261,9 +288,10 @@ def export_rules(reference: dict, out: str | Path | None = None, *, margin: floa
     name, version, measured = reference["name"], reference["version"], reference["acceptance_rate"]
     doc = prometheus_rules(name=name, version=version, measured=measured, source=reference["source"],
                            margin=rules.margin, min_acceptance=rules.min_acceptance, window=window, for_=for_,
-                           selector=selector, min_draft_tokens=min_draft_tokens, recommendation=advice)
+                           selector=selector, min_draft_tokens=min_draft_tokens, recommendation=advice,
+                           figure=rules.figure)
     text = (f"# Prometheus alerting rules for the served draft {name} v{version} ({reference['root']}),\n"
-            f"# generated by draftsmith-registry export-alerts: measured acceptance {measured:.3f}"
+            f"# generated by draftsmith-registry export-alerts: measured {rules.figure_label} {measured:.3f}"
             f" ({reference['source']}), margin {rules.margin:g}, floor {rules.min_acceptance:g}.\n"
             + rules_yaml(doc))
     check_rules_file(text)

@@ -53,12 +53,13 @@ def missing_metrics_message(url: str, names: set[str]) -> str:
 class Monitor:
     """Polls one server's /metrics into a :class:`Window` and applies :class:`Rules`: :meth:`poll` -> one record,
     :meth:`run` -> the records of polls on an interval. `retrain_command`: the exact command the recommendation
-    names (monitor/reference.py), when the production draft is known."""
+    names (monitor/reference.py), when the production draft is known. `full_positions`: under a batch-size K
+    schedule, the positions every draft reaches (monitor/window.py :class:`Window`; None: a static K)."""
 
     def __init__(self, url: str, rules: Rules, window_s: float, timeout_s: float = 10.0,
-                 retrain_command: Optional[str] = None):
+                 retrain_command: Optional[str] = None, full_positions: Optional[int] = None):
         self.url, self.rules, self.timeout_s = base_url(url), rules, timeout_s
-        self.window = Window(window_s)
+        self.window = Window(window_s, full_positions)
         self.retrain_command = retrain_command
         self.polls = 0
         self.alerts: list = []  # the Alert objects of the last poll
@@ -69,8 +70,8 @@ class Monitor:
         t = time.monotonic() if t is None else t
         first, self.polls, self.alerts = self.polls == 0, self.polls + 1, []
         record = {"time": round(time.time(), 3), "url": self.url, "window_s": self.window.seconds, "alerts": [],
-                  "reference": self.rules.reference, "drift_below": self.rules.drift_threshold,
-                  "floor": self.rules.min_acceptance}
+                  "figure": self.rules.figure, "reference": self.rules.reference,
+                  "drift_below": self.rules.drift_threshold, "floor": self.rules.min_acceptance}
         try:
             text = scrape_metrics(self.url, timeout_s=self.timeout_s)
         except VllmError as exc:

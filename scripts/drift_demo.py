@@ -251,6 +251,12 @@ def _call(fn) -> dict:
         return {"error": exc}
 
 
+def static_config(spec_config: dict, k: int) -> dict:
+    """`spec_config` at one static K (any batch-size K schedule dropped)."""
+    out = {key: value for key, value in spec_config.items() if key != "num_speculative_tokens_per_batch_size"}
+    return {**out, "num_speculative_tokens": k}
+
+
 def serve_phases(args, work: Path, label: str, reference: dict, target: str, spec_config: dict,
                  plan: list[tuple[str, list[list[int]]]], jsonl) -> tuple[dict, dict]:
     """Serve `target` with the draft of `reference` (the registry's draft dir; K from its `spec_config`) and run
@@ -263,7 +269,9 @@ def serve_phases(args, work: Path, label: str, reference: dict, target: str, spe
 
     rules = reference_rules(reference, margin=args.margin, min_acceptance=args.min_acceptance)
     settings = ServerSettings(python=args.python, kvcache_gib=args.kvcache_gib)  # the serve.* server settings
-    spec = settings.spec(target, device="cpu", draft=reference["draft"], k=spec_config["num_speculative_tokens"])
+    schedule = spec_config.get("num_speculative_tokens_per_batch_size")  # a version promoted with its K schedule
+    spec = settings.spec(target, device="cpu", draft=reference["draft"], k=spec_config["num_speculative_tokens"],
+                         schedule=schedule)
     started, phases = time.monotonic(), {}
     with VllmServer(spec, log_path=work / f"vllm-{label}.log", startup_timeout_s=600) as server:
         server_info = {"command": " ".join(shlex.quote(a) for a in spec.command(server.port)),
@@ -353,7 +361,7 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
     else:  # production is unchanged: serve the refused candidate instead, watched against production's reference
         after_ref = {**reference, "draft": str(work / "retrain" / "train" / "draft")}
         k = (promotion.get("candidate") or {}).get("best_k") or spec_config["num_speculative_tokens"]
-        after_config = {**spec_config, "num_speculative_tokens": k}
+        after_config = static_config(spec_config, k)
         served = f"the retrained draft the gate refused ({after_ref['draft']}, K={k}); production is unchanged"
     log(f"drift demo: after: serving {served}")
     plan = [(n, sets[n]) for n in ("shifted_unseen", "in_domain")]
@@ -363,7 +371,7 @@ def close_the_loop(args, work: Path, reference: dict, target: str, spec_config: 
     if after_config["num_speculative_tokens"] != k_before:  # the same draft at the old K: a like-for-like answer
         same_k = f"after_k{k_before}"
         more, servers[same_k] = serve_phases(args, work, same_k, after_ref, target,
-                                             {**after_config, "num_speculative_tokens": k_before}, plan, jsonl)
+                                             static_config(after_config, k_before), plan, jsonl)
         after.update(more)
     timings["total_s"] = round(time.monotonic() - started, 1)
     return {"phases": {**before, **after}, "same_k": same_k, "servers": servers, "promotion": promotion,

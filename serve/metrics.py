@@ -35,21 +35,36 @@ class SpecCounters:
     accepted_tokens: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)  # position (0-based) -> accepted tokens
 
-    def counts(self) -> AcceptanceCounts:
+    def counts(self, full_positions: Optional[int] = None) -> AcceptanceCounts:
         """These counters as acceptance counts: a draft is a verification round proposing K tokens, so position i
-        was drafted `drafts` times; vLLM does not count rejections (no token acceptance) and emits no EOS cut."""
+        was drafted `drafts` times; vLLM does not count rejections (no token acceptance) and emits no EOS cut.
+
+        With a K that changes with the batch size (a batch-size K schedule) a draft reaches position i only
+        when its K was above i, which /metrics does not say: `full_positions` is the number of positions every
+        draft reaches (the schedule's smallest K above 0), and positions from it on count as never drafted
+        (their per-position acceptance is undefined, not accepted_i / drafts). None: a static K, every
+        position drafted by every draft (unchanged). Position 0 is always known: a counted draft has a token."""
         positions = max(self.accepted_per_pos, default=-1) + 1
+        reached = positions if full_positions is None else min(positions, max(1, int(full_positions)))
         return AcceptanceCounts(drafted=self.draft_tokens, accepted=self.accepted_tokens, rounds=self.drafts,
-                                drafted_per_position=[self.drafts] * positions,
+                                drafted_per_position=[self.drafts] * reached,
                                 accepted_per_position=[self.accepted_per_pos.get(i, 0.0) for i in range(positions)])
 
     def acceptance_rate(self) -> Optional[float]:
         """Accepted / drafted tokens (None when nothing was drafted)."""
         return self.counts().acceptance_rate
 
-    def per_position_acceptance(self) -> list[float]:
-        """P(the draft token at position i is accepted), i = 0..K-1: accepted at i / drafts."""
-        return self.counts().per_position_acceptance if self.drafts else []
+    def per_position_acceptance(self, full_positions: Optional[int] = None) -> list[Optional[float]]:
+        """P(the draft token at position i is accepted), i = 0..K-1: accepted at i / drafts; with `full_positions`
+        (see :meth:`counts`) None from that position on, where the drafts that reached it are not known."""
+        return self.counts(full_positions).per_position_acceptance if self.drafts else []
+
+    def first_position_acceptance(self) -> Optional[float]:
+        """P(the first draft token is accepted): accepted at position 0 / drafts (None without drafts). Every draft
+        has a first token whatever its K, so this figure does not depend on K (nor on a batch-size schedule)."""
+        if not self.drafts or not self.accepted_per_pos:
+            return None
+        return self.counts(full_positions=1).per_position_acceptance[0]
 
     def mean_accepted_tokens(self) -> Optional[float]:
         """New tokens per target step while speculating: 1 + accepted / drafts (None without drafts)."""

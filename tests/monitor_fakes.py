@@ -114,9 +114,10 @@ class ScriptedMetrics:
 
 
 def make_registry(root: Path, name: str = "demo", *, serving: bool = True, summary_rate: float | None = 0.75,
-                  cells: list[dict] | None = None) -> LocalRegistry:
+                  cells: list[dict] | None = None, bands: list[dict] | None = None) -> LocalRegistry:
     """A registry with one production version of `name`: promoted on a serving A/B at concurrency 4 with K=2
-    (its serving.json holds `cells`), or on the batch-1 eval (`serving` False)."""
+    (its serving.json holds `cells`; `bands` its k_by_concurrency, default K=2 everywhere: a static K), or on
+    the batch-1 eval (`serving` False)."""
     draft = root.parent / f"{name}-draft"
     draft.mkdir(parents=True, exist_ok=True)
     (draft / "config.json").write_text('{"model_type": "llama"}')
@@ -124,7 +125,7 @@ def make_registry(root: Path, name: str = "demo", *, serving: bool = True, summa
     stored = None
     if serving:
         summary.update(acceptance_source="vLLM at K=2, concurrency 4", serving={"draft": "trained", "concurrency": 4})
-        stored = {"table": {"cells": cells or []}, "concurrency": 4, "k_by_concurrency": [{"from": 1, "k": 2}]}
+        stored = {"table": {"cells": cells or []}, "concurrency": 4, "k_by_concurrency": bands or [{"from": 1, "k": 2}]}
     registry = LocalRegistry(root)
     registry.register(name, draft, metrics={}, promotion={"candidate": summary}, k=2, serving=stored,
                       source={"config": {"pair": {"target": "/models/target", "dtype": "bfloat16", "device": "cuda"},

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from draftsmith.decode.stats import DecodeStats, SpeculativeStats
-from draftsmith.eval.metrics import best_k, cell_record, slowdown_warning
+from draftsmith.eval.metrics import cell_record, slowdown_warning
 from draftsmith.eval.theory import predicted_speedup
 
 
@@ -48,13 +48,26 @@ def test_greedy_match_counts_prompts():
     assert cell_record(3, 0.7, [plain_stats(4, 1.0)], [s], 0.1, 1.0).greedy_match is None
 
 
-def test_best_k_and_ties():
-    recs = [cell_record(k, 0.0, [plain_stats(4, sec)], [spec_stats([(2, 2)], k=k)], 0.1, 1.0)
-            for k, sec in ((2, 1.5), (3, 2.0), (4, 2.0))]
-    assert [r.speedup for r in recs] == [1.5, 2.0, 2.0]
-    assert best_k(recs) == 3  # tie between 3 and 4: the smaller K
-    with pytest.raises(ValueError):
-        best_k([])
+def test_a_cell_carries_its_speedups_interval():
+    # two prompts, paired: 2 s vs 1 s and 1 s vs 1 s -> speedup 1.5, interval [1.0, 2.0] (hand-computed bootstrap)
+    rec = cell_record(3, 0.0, [plain_stats(4, 2.0), plain_stats(4, 1.0)], [spec_stats([(3, 3)]), spec_stats([(3, 3)])],
+                      0.1, 1.0)
+    assert rec.speedup == pytest.approx(1.5) and rec.repeats == 1
+    assert rec.speedup_ci95 == [pytest.approx(1.0), pytest.approx(2.0)]
+    one = cell_record(3, 0.0, [plain_stats(4, 2.0)], [spec_stats([(3, 3)])], 0.1, 1.0)
+    assert one.speedup_ci95 is None  # one run: nothing to resample
+    units = [[(2.0, 1.0), (2.2, 1.0)], [(1.0, 1.0), (1.1, 1.0)]]  # given as [prompt][repeat]
+    rec = cell_record(3, 0.0, [plain_stats(4, 1.0)] * 4, [spec_stats([(3, 3)])] * 4, 0.1, 1.0, units=units, repeats=2)
+    assert rec.repeats == 2 and rec.speedup_ci95[0] >= 1.0 and rec.speedup_ci95[1] <= 2.2
+
+
+def test_slowdown_warning_says_whether_the_interval_is_below_one():
+    sure = cell_record(3, 0.0, [plain_stats(4, 0.8), plain_stats(4, 0.7)], [spec_stats([(3, 0)]), spec_stats([(3, 0)])],
+                       0.1, 1.0)
+    assert sure.speedup_ci95[1] < 1 and "slowed decoding down here" in slowdown_warning(sure)
+    unsure = cell_record(3, 0.0, [plain_stats(4, 0.6), plain_stats(4, 1.2)], [spec_stats([(3, 0)]), spec_stats([(3, 0)])],
+                         0.1, 1.0)
+    assert unsure.speedup < 1 < unsure.speedup_ci95[1] and "may have slowed" in slowdown_warning(unsure)
 
 
 def test_slowdown_warning_follows_the_measured_speedup():

@@ -153,6 +153,39 @@ def test_acceptance_expression_reads_like_vllms_documented_query():
     assert denominator == "sum by (model_name) (increase(vllm:spec_decode_num_draft_tokens_total[5m]))"
 
 
+SCHEDULED_CELLS = [
+    {"draft": "trained", "k": 2, "concurrency": 4, "acceptance_rate": 0.8, "per_position_acceptance": [0.9, 0.7]},
+    {"draft": "trained", "k": 4, "concurrency": 4, "acceptance_rate": 0.6,
+     "per_position_acceptance": [0.9, 0.7, 0.5, 0.3]}]
+BANDS = [{"from": 1, "to": 1, "k": 4}, {"from": 4, "to": 4, "k": 2}, {"from": 16, "k": 0}]  # K 4, 2, off by load
+FIRST = 'increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}[10m])'
+DRAFTS = "increase(vllm:spec_decode_num_drafts_total[10m])"
+
+
+def test_a_scheduled_version_alerts_on_the_first_position_acceptance(tmp_path, capsys, no_promtool):
+    """K follows the load under a batch-size K schedule, so the rules watch accepted at position 0 / drafts against
+    the serving cell's per_position_acceptance[0] (0.9), as the monitor does, with the volume counted in drafts."""
+    registry = make_registry(tmp_path / "registry", cells=SCHEDULED_CELLS, bands=BANDS)
+    out = tmp_path / "rules.yml"
+    assert registry_cli.main(["--root", str(registry.root), "export-alerts", "demo", "--out", str(out)]) == 0
+    assert "(measured first-position acceptance 0.900, vLLM serving A/B first-position acceptance at K=2, " \
+           "concurrency 4)" in capsys.readouterr().out
+    text = out.read_text()
+    assert "measured first-position acceptance 0.900" in text.splitlines()[1]
+    rules = rules_by_name(check_rules_file(text))
+    drift, floor = rules["DraftAcceptanceDrift"], rules["DraftAcceptanceBelowFloor"]
+    for rule in (drift, floor):
+        assert f"sum by (model_name) ({FIRST})\n  / sum by (model_name) ({DRAFTS})" in rule["expr"]
+        assert f"{DRAFTS}) >= 100" in rule["expr"] and ACCEPTED not in rule["expr"] and DRAFTED not in rule["expr"]
+        assert "first-position acceptance over 10m" in rule["annotations"]["description"]
+    assert ") < 0.85\nand" in drift["expr"] and ") < 0.5\nand" in floor["expr"]  # 0.9 - 0.05
+
+    assert registry_cli.main(["--root", str(registry.root), "export-alerts", "demo", "--selector", 'job="vllm"']) == 0
+    expr = rules_by_name(check_rules_file(capsys.readouterr().out))["DraftAcceptanceDrift"]["expr"]
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{job="vllm", position="0"}[10m]' in expr
+    assert 'vllm:spec_decode_num_drafts_total{job="vllm"}[10m]' in expr
+
+
 README_COMMAND = "draftsmith-registry export-alerts demo --out draftsmith-alerts.yml"
 
 

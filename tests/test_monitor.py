@@ -363,6 +363,112 @@ def test_readme_monitor_commands(tmp_path, monkeypatch):
     assert registry.root.resolve() == (tmp_path / "registry").resolve()
 
 
+# -- a version served with a batch-size K schedule ----------------------------------------------------------
+# The serving A/B chose K=4 at concurrency 1, K=2 at 4 and off at 16: vLLM serves the schedule
+# [[1, 2, 4], [3, 8, 2], [9, 16, 0]], so at low load a draft proposes 4 tokens and at higher load 2.
+BANDS = [{"from": 1, "to": 1, "k": 4}, {"from": 4, "to": 4, "k": 2}, {"from": 16, "k": 0}]
+SCHEDULED_CELLS = [
+    {"draft": "trained", "k": 2, "concurrency": 4, "acceptance_rate": 0.8, "per_position_acceptance": [0.9, 0.7]},
+    {"draft": "trained", "k": 4, "concurrency": 4, "acceptance_rate": 0.6,
+     "per_position_acceptance": [0.9, 0.7, 0.5, 0.3]}]
+# 100 drafts at K=4 accepting [90, 70, 50, 30] and 100 at K=2 accepting [90, 70]: the same draft quality as
+# measured, yet accepted / drafted = 400 / 600 = 0.667, far below the 0.8 measured at K=2.
+ZERO = metrics_text({"0": (0, 0, 0, [0, 0, 0, 0])})
+MIXED = metrics_text({"0": (200, 600, 400, [180, 140, 50, 30])})
+# the same mix with a worse draft/traffic fit: first position 140 / 200 = 0.7 < 0.9 - 0.05
+WORSE = metrics_text({"0": (200, 600, 280, [140, 90, 30, 20])})
+
+
+def test_per_position_acceptance_under_a_schedule_stops_at_its_smallest_k():
+    mixed = SpecCounters(drafts=200, draft_tokens=600, accepted_tokens=400, accepted_per_pos={0: 180, 1: 140, 2: 50,
+                                                                                             3: 30})
+    assert mixed.per_position_acceptance() == pytest.approx([0.9, 0.7, 0.25, 0.15])  # static K: over all drafts
+    # only the 100 K=4 drafts reached positions 2 and 3 (their true acceptance 0.5, 0.3): not known from /metrics
+    assert mixed.per_position_acceptance(full_positions=2) == [pytest.approx(0.9), pytest.approx(0.7), None, None]
+    assert mixed.per_position_acceptance(full_positions=1)[1:] == [None, None, None]
+    assert mixed.first_position_acceptance() == pytest.approx(0.9)
+    assert SpecCounters().first_position_acceptance() is None and SpecCounters().per_position_acceptance(2) == []
+    static = SpecCounters(drafts=100, draft_tokens=300, accepted_tokens=150, accepted_per_pos={0: 60, 1: 50, 2: 40})
+    assert static.per_position_acceptance(full_positions=3) == static.per_position_acceptance() == \
+        pytest.approx([0.6, 0.5, 0.4])  # a static K: unchanged
+
+
+def test_a_scheduled_version_is_watched_on_its_first_position_acceptance(tmp_path):
+    registry = make_registry(tmp_path / "registry", cells=SCHEDULED_CELLS, bands=BANDS)
+    assert registry.resolve("demo", 1)["k_schedule"] == [[1, 2, 4], [3, 8, 2], [9, 16, 0]]
+    ref = promoted_reference(registry, "demo")
+    assert ref["figure"] == "first_position_acceptance" and ref["acceptance_rate"] == 0.9
+    assert ref["source"] == "vLLM serving A/B first-position acceptance at K=2, concurrency 4"
+    assert (ref["k"], ref["k_max"], ref["full_positions"]) == (2, 4, 2)
+    rules = reference_rules(ref, min_draft_tokens=10)
+    assert rules.figure == "first_position_acceptance" and rules.drift_threshold == pytest.approx(0.85)
+
+    window = Window(60, full_positions=ref["full_positions"])
+    window.add(snapshot(ZERO, 0))
+    stats = window.add(snapshot(MIXED, 10))
+    assert stats.acceptance_rate == pytest.approx(400 / 600)  # below 0.8 - 0.05: the old comparison alerted
+    assert check_rules(stats, Rules(reference=0.8, min_draft_tokens=10))[0].rule == "drift"
+    assert check_rules(stats, rules) == [] and status(stats, rules) == "ok"  # the draft is as good as measured
+    assert stats.per_position_acceptance == [pytest.approx(0.9), pytest.approx(0.7), None, None]
+    worse = Window(60, full_positions=2)
+    worse.add(snapshot(ZERO, 0))
+    (alert,) = check_rules(worse.add(snapshot(WORSE, 10)), rules)
+    assert alert.rule == "drift" and alert.value == pytest.approx(0.7)
+    assert alert.message.startswith("window first-position acceptance 0.700 < 0.850 = production v1's 0.900")
+
+
+def test_the_volume_of_the_first_position_figure_is_counted_in_drafts():
+    rules = Rules(reference=0.9, min_draft_tokens=300, figure="first_position_acceptance")
+    stats = window_stats([snapshot(ZERO, 0), snapshot(WORSE, 10)])  # 600 drafted tokens but 200 drafts
+    assert status(stats, rules) == "low sample" and check_rules(stats, rules) == []
+    with pytest.raises(ConfigError, match="watched figure"):
+        Rules(figure="tau")
+
+
+def test_a_schedule_with_one_speculating_k_keeps_the_acceptance_rate(tmp_path):
+    bands = [{"from": 1, "to": 4, "k": 2}, {"from": 16, "k": 0}]  # K=2 or off: every counted draft has K=2
+    registry = make_registry(tmp_path / "registry", cells=CELLS, bands=bands)
+    assert registry.resolve("demo", 1)["k_schedule"] == [[1, 8, 2], [9, 16, 0]]
+    ref = promoted_reference(registry, "demo")
+    assert ref["figure"] == "acceptance_rate" and ref["acceptance_rate"] == 0.8
+    assert (ref["k_max"], ref["full_positions"]) == (2, 2)
+    static = promoted_reference(make_registry(tmp_path / "static", cells=CELLS), "demo")
+    assert static["figure"] == "acceptance_rate" and static["schedule"] is None and static["full_positions"] is None
+
+
+def test_a_scheduled_version_without_per_position_figures_says_to_watch_the_floor_only(tmp_path):
+    cells = [{k: v for k, v in c.items() if k != "per_position_acceptance"} for c in SCHEDULED_CELLS]
+    registry = make_registry(tmp_path / "registry", cells=cells, bands=BANDS)
+    with pytest.raises(MissingReferenceError, match="batch-size K schedule.*per_position_acceptance.*without --registry"):
+        promoted_reference(registry, "demo")
+
+
+def test_cli_watches_a_scheduled_version_without_a_false_drift_alert(tmp_path, capsys):
+    registry = make_registry(tmp_path / "registry", cells=SCHEDULED_CELLS, bands=BANDS)
+    out = tmp_path / "series.jsonl"
+    common = ["--registry", "demo", "--root", str(registry.root), "--interval", "0.05", "--window", "60",
+              "--min-draft-tokens", "10", "--jsonl", str(out), "--fail-on-alert", "--count", "2"]
+    with ScriptedMetrics([ZERO, MIXED]) as server:
+        assert monitor_cli.main([server.url, *common]) == 0  # the acceptance rate 0.667 alone would alert
+    records = read_jsonl(out)
+    assert [r["figure"] for r in records] == ["first_position_acceptance"] * 2
+    last = records[-1]
+    assert last["status"] == "ok" and last["alerts"] == [] and last["first_position_acceptance"] == pytest.approx(0.9)
+    assert last["reference"] == 0.9 and last["drift_below"] == pytest.approx(0.85)
+    assert last["per_position_acceptance"][2:] == [None, None]
+    printed = capsys.readouterr().out
+    assert ("production demo v1 (served with the batch-size K schedule batch 1-2: K=4; 3-8: K=2; >=9: off) was "
+            "measured at first-position acceptance 0.900") in printed
+    assert "first position 0.900" in printed and "per position [0.90 0.70 - -]" in printed
+    assert "note:" not in printed  # the server's 4 positions are the schedule's largest K
+
+    out.unlink()
+    with ScriptedMetrics([ZERO, WORSE]) as server:
+        assert monitor_cli.main([server.url, *common]) == monitor_cli.ALERT_EXIT
+    (alert,) = read_jsonl(out)[-1]["alerts"]
+    assert alert["rule"] == "drift" and alert["value"] == pytest.approx(0.7)
+
+
 # -- a real vLLM server on the tiny pair (slow) --------------------------------------------------------
 @pytest.mark.slow
 def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
@@ -404,3 +510,4 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     assert 0.0 <= last["acceptance_rate"] <= 1.0 and len(last["per_position_acceptance"]) == 2
     assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
     assert (last["drafts"], last["accepted_tokens"]) == (direct.drafts, direct.accepted_tokens)  # the window = the load
+

@@ -36,7 +36,8 @@ def cell(draft: str, k: int, concurrency: int, speedup: float, acceptance: float
     side = {"output_tokens_per_s": 100.0, "ttft_ms_p50": 20.0, "tpot_ms_p50": 10.0}
     return {"draft": draft, "k": k, "concurrency": concurrency, "request_rate": None,
             "spec": {**side, "output_tokens_per_s": 100.0 * speedup, "tpot_ms_p50": 10.0 / speedup}, "plain": side,
-            "speedup": speedup, "tpot_ratio": 1.0 / speedup, "ttft_ratio": 1.0, "acceptance_rate": acceptance,
+            "speedup": speedup, "speedup_ci95": [speedup - 0.005, speedup + 0.005], "repeats": 1,
+            "tpot_ratio": 1.0 / speedup, "ttft_ratio": 1.0, "acceptance_rate": acceptance,
             "outputs_equal": equal, "compared": 32, "mismatches": 0 if equal else 3,
             "first_mismatch": None if equal else {"request": 5, "prompt_index": 5, "position": 12,
                                                   "spec": [7, 8], "plain": [7, 9]}}
@@ -86,7 +87,11 @@ def test_best_k_at_the_serving_concurrency_goes_to_the_registry(job, capsys):
     assert record["serving"]["k_by_concurrency"] == bands and record["serving"]["concurrency_note"] is None
 
     path = reg.path("demo", 1)
-    assert json.loads((path / "speculative_config.json").read_text())["num_speculative_tokens"] == 2
+    config = json.loads((path / "speculative_config.json").read_text())
+    # the measured schedule, as vLLM takes it: contiguous from batch size 1, switching at the geometric means of the
+    # measured levels (1 | 4: 2, 4 | 16: 8), off at the top; num_speculative_tokens is its largest K
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 8, 2], [9, 16, 0]]
+    assert config["num_speculative_tokens"] == 4
     assert json.loads((path / "serving.json").read_text()) == job["serving"]
     version = reg.resolve("demo", 1)
     assert version["best_k"] == 2 and version["k_by_concurrency"] == bands and version["serving_concurrency"] == 4
@@ -108,7 +113,15 @@ def test_the_concurrency_used_is_recorded(job, requested, used, k, note):
     assert record["serving"]["requested_concurrency"] == requested and record["serving"]["concurrency_note"] == note
     assert record["reasons"][-1] == f"note: {note}"
     assert json.loads((job["reg"].path("demo", 1) / "speculative_config.json").read_text())[
-        "num_speculative_tokens"] == k
+        "num_speculative_tokens"] == 4  # the schedule's largest K, whatever K the decision was taken at
+
+
+def test_promote_k_schedule_false_keeps_the_static_k(job):
+    cfg = at(4)
+    cfg.promote.k_schedule = False
+    assert promote(cfg, job["out"], job["reg"])["promote"]
+    config = json.loads((job["reg"].path("demo", 1) / "speculative_config.json").read_text())
+    assert config["num_speculative_tokens"] == 2 and "num_speculative_tokens_per_batch_size" not in config
 
 
 def test_bands_merge_equal_neighbours():
@@ -189,7 +202,7 @@ def test_champion_measured_in_the_serving_ab_is_compared_at_the_same_concurrency
                                      "(1.300)"]
         assert job["reg"].aliases("demo") == {"production": 2}
     else:
-        assert record["reasons"] == ["speedup 1.310 does not beat production v1's 1.300 by the margin 0.02"]
+        assert record["reasons"] == ["speedup 1.310 [1.305, 1.315] does not beat production v1's 1.300 [1.295, 1.305] by the margin 0.02"]
         assert job["reg"].aliases("demo") == {"production": 1}
 
 
@@ -199,7 +212,7 @@ def test_champion_recorded_with_its_version_is_used_on_the_same_eval_set_and_set
     assert record["promote"] is False and record["decision_retaken"] is True
     assert record["compared_with"]["source"] == "recorded with v1 at concurrency 4 on the same eval set and serving " \
                                                 "settings"
-    assert record["reasons"][0] == "speedup 1.310 does not beat production v1's 1.300 by the margin 0.02"
+    assert record["reasons"][0] == "speedup 1.310 [1.305, 1.315] does not beat production v1's 1.300 [1.295, 1.305] by the margin 0.02"
 
     record = promote(at(4), candidate_with_production(job, 3, 2.0, 1.5, production_at4=None, max_tokens=32),
                      job["reg"])
@@ -223,8 +236,8 @@ def test_batch_1_candidate_is_compared_with_the_batch_1_figures_of_a_serving_pro
     out = fake_eval(job["tmp"] / "job2", job["target"], fake_draft(job["tmp"] / "d2", 2), summary_entry(2.51))
     record = promote(at(4), out, job["reg"])
     assert record["basis"] == "batch-1" and record["compared_with"]["speedup"] == 2.5
-    assert record["promote"] is False and record["reasons"][0] == ("speedup 2.510 does not beat production v1's "
-                                                                   "2.500 by the margin 0.02")
+    assert record["promote"] is False and record["reasons"][0] == ("speedup 2.510 [2.505, 2.515] does not beat "
+                                                                   "production v1's 2.500 [2.495, 2.505] by the margin 0.02")
 
 
 # the gates on a serving summary (eval/gates.py) ----------------------------------------------------
@@ -237,5 +250,5 @@ def test_off_fails_even_when_min_speedup_allows_one_and_skips_the_champion():
     assert not d["promote"] and d["reasons"] == [
         "at concurrency 8 speculation is no faster than plain decoding for every K (best speedup 1.00 at K=2): serve "
         "without speculation"]
-    assert decide(off | {"best_k": 2, "serving": serving | {"outputs_unequal": ["cell x"]}},
+    assert decide(off | {"best_k": 2, "speedup_ci95": [0.95, 1.05], "serving": serving | {"outputs_unequal": ["cell x"]}},
                   Gates(min_speedup=0.9, require_greedy_match=False))["promote"]

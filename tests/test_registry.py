@@ -170,8 +170,9 @@ def test_promote_rejects_when_the_production_draft_was_not_measured(tmp_path, mi
     reg = LocalRegistry(tmp_path / "reg")
     reg.register("demo", fake_draft(tmp_path / "old", 1), metrics={}, promotion=PROMOTION, k=2)
     candidate = fake_draft(tmp_path / "new", 2)
-    summary = {"trained": {"best_k": 4, "temperature": 0.0, "speedup": 1.5, "acceptance_rate": 0.7,
-                           "token_acceptance": 0.8, "mean_accepted_tokens": 3.0, "greedy_match": 1.0}}
+    summary = {"trained": {"best_k": 4, "temperature": 0.0, "speedup": 1.5, "speedup_ci95": [1.4, 1.6],
+                           "acceptance_rate": 0.7, "token_acceptance": 0.8, "mean_accepted_tokens": 3.0,
+                           "greedy_match": 1.0}}
     (tmp_path / "run" / "eval").mkdir(parents=True)
     (tmp_path / "run" / "eval" / "metrics.json").write_text(json.dumps(
         {"schema_version": 1, "config": {"drafts": {"trained": str(candidate)}}, "records": [], "summary": summary}))

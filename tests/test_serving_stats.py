@@ -89,6 +89,39 @@ def test_make_cell_ratios_and_vllm_acceptance():
         assert {"output_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50"} <= set(cell[side])
 
 
+def load(conc, e2es, wall, tokens=9):
+    return LoadResult(conc, None, wall, [req(i, 0.1, e, tokens, [1] * tokens) for i, e in enumerate(e2es)])
+
+
+def test_make_cell_pools_passes_and_carries_the_interval():
+    # two passes of two requests; plain e2e twice spec's, throughput ratio 2 in both passes
+    spec = [load(2, [0.5, 0.6], 1.0), load(2, [0.55, 0.5], 1.0)]
+    plain = [load(2, [1.0, 1.2], 2.0), load(2, [1.1, 1.0], 2.0)]
+    cell = make_cell("trained", 2, spec, plain)
+    assert cell["repeats"] == 2 and cell["speedup"] == pytest.approx(2.0)
+    assert cell["spec"]["requests"] == 4 and cell["spec"]["wall_s"] == pytest.approx(2.0)
+    assert cell["timings"]["plain_s"] == [[1.0, 1.2], [1.1, 1.0]]
+    lo, hi = cell["speedup_ci95"]  # every request pair is exactly 2x: a zero-width interval at the speedup
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    assert make_cell("trained", 2, load(1, [0.5], 1.0), load(1, [1.0], 2.0))["speedup_ci95"] is None  # one pair
+    assert cell["outputs_equal"] is True and cell["compared"] == 4  # request i of pass j meets its twin
+
+
+def test_best_k_per_concurrency_takes_the_smallest_indistinguishable_k():
+    def timed(k, conc, ratios):  # a cell whose request j ran ratios[j] times faster with speculation
+        spec = [load(conc, [1.0 / r for r in ratios], 1.0)]
+        plain = [load(conc, [1.0] * len(ratios), sum(ratios) / len(ratios))]
+        return make_cell("d", k, spec, plain)
+
+    close = [timed(2, 1, [1.3, 1.9, 1.4, 1.8]), timed(4, 1, [1.2, 2.1, 1.5, 1.9])]  # 1.6 vs 1.675: within noise
+    best = best_k_per_concurrency(close)[0]
+    assert best["k"] == 2 and best["indistinguishable"] == [2, 4] and best["pays"] == "yes"
+    apart = [timed(2, 1, [1.3, 1.35, 1.3, 1.35]), timed(4, 1, [2.0, 2.1, 2.0, 2.1])]
+    assert best_k_per_concurrency(apart)[0]["k"] == 4
+    unsure = best_k_per_concurrency([timed(2, 8, [0.7, 1.5, 0.7, 1.5])])[0]
+    assert unsure["k"] == 2 and unsure["pays"] == "unsure"  # 1.1x, but its interval straddles 1
+
+
 def test_boundary_interpolates_in_log2_concurrency():
     # 1.5x at 4, 0.5x at 16: halfway in log2 between 4 (2) and 16 (4) -> 2^3 = 8.
     b = boundary([(1, 2.0), (16, 0.5), (4, 1.5)])
@@ -118,9 +151,9 @@ CELLS = [cell("d", 2, 1, 1.8), cell("d", 4, 1, 2.5), cell("d", 2, 4, 1.3), cell(
 
 
 def test_best_k_per_concurrency_turns_speculation_off_where_no_k_pays():
-    assert best_k_per_concurrency(CELLS) == [{"concurrency": 1, "k": 4, "speedup": 2.5},
-                                             {"concurrency": 4, "k": 2, "speedup": 1.3},
-                                             {"concurrency": 16, "k": 0, "speedup": 1.0}]
+    best = best_k_per_concurrency(CELLS)  # cells without timings: the fastest K
+    assert [(b["concurrency"], b["k"], b["speedup"]) for b in best] == [(1, 4, 2.5), (4, 2, 1.3), (16, 0, 1.0)]
+    assert best[2]["best_speedup"] == 0.9 and best[2]["best_speedup_k"] == 2
     tie = [cell("d", 2, 1, 1.5), cell("d", 4, 1, 1.5)]
     assert best_k_per_concurrency(tie)[0]["k"] == 2  # a tie goes to the cheaper K
 
@@ -203,3 +236,33 @@ def test_serving_settings_name_the_key(kwargs, key):
 def test_serving_settings_defaults_leave_eval_as_today():
     s = ServingSettings()
     assert s.engine == "none" and s.concurrency == [1, 4, 16] and s.request_rate == []
+
+
+# -- the scheduled column (eval/serving.py) -------------------------------------------------------------
+def test_the_schedule_is_measured_only_when_the_best_k_changes_with_load():
+    from draftsmith.eval.serving import schedule_to_measure
+
+    drafts = {"trained": "d", "base": "b"}
+    changing = CELLS + [cell("base", 2, 1, 3.0)]
+    s = schedule_to_measure([{**c, "draft": "trained" if c["draft"] == "d" else c["draft"]} for c in changing],
+                            drafts, [2, 4])
+    assert s["draft"] == "trained" and [b["k"] for b in s["bands"]] == [4, 2, 0]
+    assert s["schedule"][0][:1] == [1] and s["schedule"][-1][2] == 0  # contiguous from batch size 1, off at the top
+    static = [cell("trained", 2, 1, 1.8), cell("trained", 4, 1, 1.2), cell("trained", 2, 8, 1.5)]
+    assert schedule_to_measure(static, drafts, [2, 4]) is None  # K=2 everywhere: already a measured column
+    off = [cell("trained", 2, 1, 0.9), cell("trained", 2, 8, 0.8)]
+    assert schedule_to_measure(off, drafts, [2]) is None
+
+
+def test_track_schedule_compares_with_the_best_static_k_or_off_within_the_intervals():
+    from draftsmith.eval.serving import track_schedule
+
+    static = [{**cell("t", 4, 1, 2.5), "speedup_ci95": [2.3, 2.7]}, {**cell("t", 2, 1, 1.8), "speedup_ci95": [1.7, 1.9]},
+              {**cell("t", 4, 16, 0.8), "speedup_ci95": [0.7, 0.9]}]
+    good = {"draft": "t", "cells": [{**cell("t", None, 1, 2.4), "speedup_ci95": [2.2, 2.6]},
+                                    {**cell("t", None, 16, 1.0), "speedup_ci95": [0.95, 1.05]}]}
+    out = track_schedule(static, good)
+    assert out["tracks"] is True
+    assert [(r["concurrency"], r["best_static_k"]) for r in out["tracking"]] == [(1, 4), (16, 0)]
+    bad = {"draft": "t", "cells": [{**cell("t", None, 1, 1.5), "speedup_ci95": [1.4, 1.6]}]}
+    assert track_schedule(static, bad)["tracks"] is False

@@ -1,0 +1,204 @@
+"""Confidence intervals for speedups and the verdicts taken on them: pure functions, no timing of their own.
+
+A speedup is a ratio of summed times measured side by side: plain / speculative wall time over the
+same prompts (the batch-1 eval), or plain / speculative request latency over the same requests (the
+serving A/B). Its samples are *paired*: per unit (a prompt, or a request of the serving schedule) and
+per repeat (a whole pass over the units), one ``(plain, spec)`` pair measured together. The
+interval is a **paired, two-level percentile bootstrap**: resample the units with replacement, then
+each chosen unit's repeats with replacement, and recompute sum(plain) / sum(spec), ``n_boot`` times
+(seeded: the same samples give the same interval). Units carry the prompt-to-prompt spread, repeats
+the machine's noise. The plain percentile interval is too narrow with few units, so its percentiles
+are *expanded* for the sample size (Hesterberg 2015, "What teachers should know about the bootstrap",
+section 3.4): the tail probability is Φ(−sqrt(n / (n − 1)) · t_{0.975, n−1}) instead of 0.025, n the
+number of units (of repeats when there is one unit). Measured coverage of a true speedup
+(``python scripts/bench_intervals.py --trials 400``, prompts that differ, 10% run noise), plain ->
+expanded: 6 prompts 0.82 -> 0.90, 8 prompts 0.88 -> 0.93, 16 prompts 0.93 -> 0.96; with two or more
+repeats the two-level resampling counts the run noise twice and covers more (8 x 2: 0.96 -> 0.985),
+which errs towards "inconclusive", never towards a lucky promotion.
+
+Degenerate cases: a single pair (one unit, one repeat) has no spread to resample, so its interval is
+``None`` ("unknown": a verdict on it is inconclusive); identical pairs give a zero-width interval.
+
+A *verdict* compares an interval with a bar: ``above`` when the lower bound is at or above it,
+``below`` when the upper bound is below it, else ``straddles`` (``unknown`` without an interval).
+Two cells measured on the same units (two K of one draft, a candidate and its champion) are compared
+by the interval of their *difference*, resampling the units jointly (the pairing by prompt removes
+the prompts' common spread); see :func:`difference_ci` and :func:`choose_k`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional, Sequence
+
+Pair = tuple[float, float]  # (plain, spec) measured side by side
+Units = list[list[Pair]]  # [unit][repeat] -> (plain, spec)
+Interval = Optional[list[float]]  # [lo, hi], or None when it cannot be estimated
+
+N_BOOT = 2000
+ABOVE, BELOW, STRADDLES, UNKNOWN = "above", "below", "straddles", "unknown"
+
+
+def units_from_passes(plain: Sequence[Sequence[Optional[float]]],
+                      spec: Sequence[Sequence[Optional[float]]]) -> Units:
+    """[pass][unit] arrays of plain and spec times (as metrics.json and serving.json store them) -> [unit][pass]
+    pairs; a pair with a missing side (None: a failed request) is left out, a unit with no pair is dropped."""
+    if len(plain) != len(spec):
+        raise ValueError(f"{len(plain)} plain passes but {len(spec)} speculative passes")
+    width = max((len(p) for p in [*plain, *spec]), default=0)
+    units: Units = [[] for _ in range(width)]
+    for p_pass, s_pass in zip(plain, spec):
+        for i in range(width):
+            a = p_pass[i] if i < len(p_pass) else None
+            b = s_pass[i] if i < len(s_pass) else None
+            if a is not None and b is not None:
+                units[i].append((float(a), float(b)))
+    return [u for u in units if u]
+
+
+def ratio(units: Units) -> float:
+    """sum(plain) / sum(spec) over every pair (0.0 when no speculative time was measured)."""
+    num = sum(p for unit in units for p, _ in unit)
+    den = sum(s for unit in units for _, s in unit)
+    return num / den if den > 0 else 0.0
+
+
+def _pairs(units: Units) -> int:
+    return sum(len(u) for u in units)
+
+
+def _resample(units: Units, rng: random.Random) -> tuple[float, float]:
+    num = den = 0.0
+    for _ in range(len(units)):
+        unit = units[rng.randrange(len(units))]
+        for _ in range(len(unit)):
+            p, s = unit[rng.randrange(len(unit))]
+            num += p
+            den += s
+    return num, den
+
+
+# Student's t 0.975 quantiles by degrees of freedom (larger df: interpolated in 1/df towards the normal's 1.96)
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980}
+
+
+def t975(df: int) -> float:
+    """Student's t 0.975 quantile for `df` >= 1 degrees of freedom (table, linear in 1/df between its rows)."""
+    if df in _T975:
+        return _T975[df]
+    rows = sorted(_T975)
+    if df > rows[-1]:
+        lo, hi, t_lo, t_hi = rows[-1], math.inf, _T975[rows[-1]], 1.959964
+    else:
+        lo = max(r for r in rows if r < df)
+        hi = min(r for r in rows if r > df)
+        t_lo, t_hi = _T975[lo], _T975[hi]
+    w = (1 / lo - 1 / df) / (1 / lo - (0 if hi == math.inf else 1 / hi))
+    return t_lo + (t_hi - t_lo) * w
+
+
+def expanded_tail(n: int) -> float:
+    """The tail probability of the expanded percentile interval for `n` >= 2 units (0.025 as n grows)."""
+    z = math.sqrt(n / (n - 1)) * t975(n - 1)
+    return 0.5 * (1 + math.erf(-z / math.sqrt(2)))
+
+
+def _percentiles(values: list[float], tail: float) -> list[float]:
+    xs = sorted(values)
+
+    def at(q: float) -> float:  # linear interpolation between order statistics (numpy's default)
+        pos = (len(xs) - 1) * q
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return [at(tail), at(1.0 - tail)]
+
+
+def _tail(units: Units) -> float:
+    n = len(units) if len(units) > 1 else len(units[0])
+    return expanded_tail(n)
+
+
+def ratio_ci(units: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """The 95% interval of :func:`ratio` by the paired two-level bootstrap, its percentiles expanded for the
+    number of units (module docstring); None with fewer than two pairs."""
+    if _pairs(units) < 2:
+        return None
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n_boot):
+        num, den = _resample(units, rng)
+        draws.append(num / den if den > 0 else 0.0)
+    return _percentiles(draws, _tail(units))
+
+
+def difference_ci(a: Units, b: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """The 95% interval of ratio(a) - ratio(b) for two cells measured on the same units (same order: unit i of
+    `a` and of `b` is the same prompt), the units resampled jointly and each cell's repeats within them apart.
+    None when the cells share fewer than two units' worth of pairs, or have different numbers of units."""
+    if len(a) != len(b) or not a or _pairs(a) < 2 or _pairs(b) < 2:
+        return None
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n_boot):
+        num_a = den_a = num_b = den_b = 0.0
+        for _ in range(len(a)):
+            i = rng.randrange(len(a))
+            for _ in range(len(a[i])):
+                p, s = a[i][rng.randrange(len(a[i]))]
+                num_a, den_a = num_a + p, den_a + s
+            for _ in range(len(b[i])):
+                p, s = b[i][rng.randrange(len(b[i]))]
+                num_b, den_b = num_b + p, den_b + s
+        draws.append((num_a / den_a if den_a > 0 else 0.0) - (num_b / den_b if den_b > 0 else 0.0))
+    return _percentiles(draws, _tail(a))
+
+
+def verdict(ci: Interval, bar: float) -> str:
+    """``above`` (lower bound >= bar), ``below`` (upper bound < bar), ``straddles``, or ``unknown`` (no interval)."""
+    if ci is None:
+        return UNKNOWN
+    lo, hi = ci
+    if lo >= bar:
+        return ABOVE
+    if hi < bar:
+        return BELOW
+    return STRADDLES
+
+
+def format_ci(value: Optional[float], ci: Interval, unit: str = "x", digits: int = 2) -> str:
+    """'1.10x [1.02, 1.18]' (the point estimate and its interval); 'n/a' without a value, no brackets without a ci."""
+    if value is None:
+        return "n/a"
+    text = f"{value:.{digits}f}{unit}"
+    return text if ci is None else f"{text} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def choose_k(cells: dict[int, Units], *, seed: int = 0) -> dict:
+    """The best K of one draft by a rule that does not follow the noise.
+
+    `cells`: K -> the units of that K's cell (all measured on the same prompts). The *leader* is the K with
+    the highest point speedup. A K is *indistinguishable* from the leader when the interval of their
+    paired difference (:func:`difference_ci`) contains 0, or cannot be estimated. The chosen K is the
+    **smallest** indistinguishable K (it costs the least draft compute, and at higher load the least
+    wasted verification); with one K, that K.
+    -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.
+    """
+    if not cells:
+        raise ValueError("choose_k needs at least one K")
+    speed = {k: ratio(u) for k, u in cells.items()}
+    leader = max(speed, key=lambda k: (speed[k], -k))
+    tied = [leader]
+    for k in cells:
+        if k == leader:
+            continue
+        ci = difference_ci(cells[leader], cells[k], seed=seed)
+        if ci is None or ci[0] <= 0.0:
+            tied.append(k)
+    tied.sort()
+    return {"k": tied[0], "leader": leader, "indistinguishable": tied,
+            "rule": "the smallest K whose speedup is indistinguishable from the best K's (95% interval of the paired "
+                    "difference contains 0)" if len(tied) > 1 else "the K with the highest speedup"}

@@ -1,0 +1,101 @@
+"""The paired bootstrap and the verdicts on its intervals (eval/intervals.py), on hand-made samples."""
+
+import random
+
+import pytest
+
+from draftsmith.eval.intervals import (ABOVE, BELOW, STRADDLES, UNKNOWN, choose_k, difference_ci, format_ci, ratio,
+                                       ratio_ci, units_from_passes, verdict)
+
+
+def noisy_units(speedup: float, n_units: int, n_repeats: int, noise: float, seed: int = 1):
+    """Units whose plain time is 1 s (+ noise) and spec time 1 / speedup s (+ noise)."""
+    rng = random.Random(seed)
+    return [[(1.0 + rng.uniform(-noise, noise), 1.0 / speedup + rng.uniform(-noise, noise))
+             for _ in range(n_repeats)] for _ in range(n_units)]
+
+
+def test_two_units_give_the_hand_computed_interval():
+    # resamples of {(2, 1), (1, 1)}: both first -> 2.0 (p 1/4), one of each -> 1.5 (p 1/2), both second -> 1.0 (p 1/4)
+    units = [[(2.0, 1.0)], [(1.0, 1.0)]]
+    assert ratio(units) == pytest.approx(1.5)
+    assert ratio_ci(units) == [pytest.approx(1.0), pytest.approx(2.0)]
+
+
+def test_one_pair_has_no_interval_and_zero_variance_a_zero_width_one():
+    assert ratio_ci([[(2.0, 1.0)]]) is None
+    assert ratio_ci([[(2.0, 1.0)] * 3] * 4) == [pytest.approx(2.0), pytest.approx(2.0)]
+
+
+def test_one_prompt_with_repeats_resamples_the_repeats():
+    ci = ratio_ci([[(2.0, 1.0), (1.0, 1.0)]])
+    assert ci == [pytest.approx(1.0), pytest.approx(2.0)]
+
+
+def test_interval_contains_the_estimate_and_narrows_with_repeats():
+    few = noisy_units(1.5, 8, 1, 0.2)
+    many = noisy_units(1.5, 8, 16, 0.2)
+    for units in (few, many):
+        lo, hi = ratio_ci(units)
+        assert lo <= ratio(units) <= hi
+    assert (ratio_ci(many)[1] - ratio_ci(many)[0]) < (ratio_ci(few)[1] - ratio_ci(few)[0]) / 2
+
+
+def test_the_interval_is_seeded():
+    units = noisy_units(1.2, 6, 2, 0.3)
+    assert ratio_ci(units, seed=3) == ratio_ci(units, seed=3)
+    assert ratio_ci(units, seed=3) != ratio_ci(units, seed=4)
+
+
+def test_units_from_passes_pairs_by_position_and_drops_missing_sides():
+    units = units_from_passes([[1.0, 2.0, None], [3.0, 4.0, 5.0]], [[0.5, 1.0, 1.0], [1.5, None, 2.5]])
+    assert units == [[(1.0, 0.5), (3.0, 1.5)], [(2.0, 1.0)], [(5.0, 2.5)]]
+    with pytest.raises(ValueError, match="passes"):
+        units_from_passes([[1.0]], [])
+
+
+def test_verdict_against_a_bar():
+    assert verdict([1.12, 1.3], 1.1) == ABOVE
+    assert verdict([1.1, 1.3], 1.1) == ABOVE  # the lower bound clears the bar when it reaches it
+    assert verdict([0.8, 1.05], 1.1) == BELOW
+    assert verdict([1.0, 1.2], 1.1) == STRADDLES
+    assert verdict(None, 1.1) == UNKNOWN
+
+
+def test_difference_of_identical_cells_is_zero_and_of_shifted_cells_excludes_zero():
+    a = noisy_units(1.5, 8, 1, 0.05)  # one repeat: only the units are resampled, jointly
+    assert difference_ci(a, a) == [pytest.approx(0.0), pytest.approx(0.0)]
+    a = noisy_units(1.5, 8, 2, 0.05)  # repeats are separate runs of each cell, resampled apart: a spread around 0
+    lo, hi = difference_ci(a, a)
+    assert lo < 0 < hi
+    b = [[(p, s * 1.5) for p, s in unit] for unit in a]  # every spec time 1.5x longer: ratio 1.5 -> 1.0
+    lo, hi = difference_ci(a, b)
+    assert 0.4 < lo <= hi < 0.6
+    assert difference_ci(a, b[:-1]) is None  # not the same units
+
+
+def test_choose_k_takes_the_smallest_indistinguishable_k():
+    clear = {2: noisy_units(1.3, 8, 2, 0.05, seed=1), 4: noisy_units(1.8, 8, 2, 0.05, seed=2)}
+    choice = choose_k(clear)
+    assert (choice["k"], choice["leader"], choice["indistinguishable"]) == (4, 4, [4])
+    close = {2: noisy_units(1.50, 8, 1, 0.3, seed=1), 4: noisy_units(1.52, 8, 1, 0.3, seed=2),
+             6: noisy_units(0.9, 8, 1, 0.02, seed=3)}
+    choice = choose_k(close)
+    assert choice["k"] == 2 and 6 not in choice["indistinguishable"] and choice["indistinguishable"][0] == 2
+    assert "smallest" in choice["rule"]
+    assert choose_k({3: [[(2.0, 1.0)]]})["k"] == 3
+
+
+def test_format_ci():
+    assert format_ci(1.1, [1.02, 1.18]) == "1.10x [1.02, 1.18]"
+    assert format_ci(1.1, None) == "1.10x"
+    assert format_ci(None, None) == "n/a"
+
+
+def test_the_expanded_tail_shrinks_to_the_normal_one():
+    from draftsmith.eval.intervals import expanded_tail, t975
+
+    assert t975(5) == 2.571 and 2.042 < t975(25) < 2.086 and 1.96 < t975(1000) < 1.98
+    assert expanded_tail(6) == pytest.approx(0.0024, abs=3e-4)  # z = sqrt(6/5) * 2.571 = 2.816
+    assert 0.024 < expanded_tail(10_000) < 0.0251
+    assert expanded_tail(4) < expanded_tail(8) < expanded_tail(32) < 0.025
