@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.artifacts.formats import read_metrics
+from draftsmith.eval.intervals import format_ci
 
 from draftsmith.artifacts import write_json
 
@@ -39,17 +40,19 @@ def collect(sweep_dir: str | Path) -> list[dict]:
         metrics = read_metrics(path)  # ArtifactError (one line) on a damaged file
         for draft, s in metrics["summary"].items():
             rows.append({"job": str(job.relative_to(sweep_dir)), "overrides": _overrides(job), "draft": draft,
-                         "best_k": s["best_k"], "speedup": s["speedup"], "acceptance_rate": s["acceptance_rate"],
+                         "best_k": s["best_k"], "speedup": s["speedup"], "speedup_ci95": s.get("speedup_ci95"),
+                         "acceptance_rate": s["acceptance_rate"],
                          "mean_accepted_tokens": s["mean_accepted_tokens"], "greedy_match": s.get("greedy_match"),
                          "eval_set": metrics.get("eval_set")})
     return sorted(rows, key=lambda r: -r["speedup"])
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| rank | job | overrides | draft | best K | speedup | acceptance rate | tau |",
+    lines = ["| rank | job | overrides | draft | best K | speedup [95% interval] | acceptance rate | tau |",
              "|---:|---|---|---|---:|---:|---:|---:|"]
     for i, r in enumerate(rows, 1):
-        lines.append(f"| {i} | {r['job']} | `{r['overrides']}` | {r['draft']} | {r['best_k']} | {r['speedup']:.3f} | "
+        speedup = format_ci(r["speedup"], r.get("speedup_ci95"), unit="", digits=3)
+        lines.append(f"| {i} | {r['job']} | `{r['overrides']}` | {r['draft']} | {r['best_k']} | {speedup} | "
                      f"{r['acceptance_rate']:.3f} | {r['mean_accepted_tokens']:.2f} |")
     return "\n".join(lines)
 
