@@ -19,10 +19,16 @@ def eos_token_id(generation_config, tokenizer=None) -> int | list[int] | None:
     return eos
 
 
+def as_id_list(eos: int | list[int] | None) -> list[int]:
+    """An EOS as the loops and ``generate`` take it (an id, a list of ids, or None) as a list of ids ([] for None)."""
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
+
+
 def eos_ids(generation_config, tokenizer) -> set[int]:
     """:func:`eos_token_id` as a set of ids (empty when neither names an EOS)."""
-    eos = eos_token_id(generation_config, tokenizer)
-    return set(eos if isinstance(eos, list) else [eos]) - {None}
+    return set(as_id_list(eos_token_id(generation_config, tokenizer)))
 
 
 def pretrained_eos_ids(path: str | Path, tokenizer) -> set[int]:

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from draftsmith.decode.eos import as_id_list
 from draftsmith.decode.runners import logit_width, make_runner, runner_name
 from draftsmith.decode.sampling import check_sampling_args, logits_to_probs, sample
 from draftsmith.decode.stats import DecodeStats, GenerateOutput, SpeculativeStats
@@ -55,9 +56,7 @@ def _prepare_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 
 
 def _eos_tensor(eos_token_id: int | list[int] | None, device: torch.device) -> torch.Tensor | None:
-    if eos_token_id is None:
-        return None
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    ids = as_id_list(eos_token_id)
     return torch.tensor(ids, device=device) if ids else None
 
 

@@ -353,8 +353,12 @@ class Pipeline:
         if "trained" in drafts:
             inputs["train"] = self._upstream("train", self.out / "train")
         k = list(serving.k or cfg.eval.k)
+        # the verdicts the A/B adds passes to settle at the serving concurrency (as the eval does at batch 1)
+        decide = {"at": sorted({1.0, cfg.promote.min_speedup}), "concurrency": cfg.promote.serving_concurrency,
+                  "margin": cfg.promote.champion_margin if "production" in drafts else None}
         section = {"target": target, "drafts": drafts, "serve": figures_of(serving), "k": k,
-                   "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"]}
+                   "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"],
+                   "decide": decide}
 
         def body(run):
             ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
@@ -362,7 +366,7 @@ class Pipeline:
             with atomic_dir(out) as tmp:
                 result = run_serving_ab(serving, target=target, drafts=drafts, k=k,
                                         prompts=[p[0].tolist() for p in ids], out_dir=str(tmp),
-                                        dtype=cfg.pair.dtype, log=self.log)
+                                        dtype=cfg.pair.dtype, decide=decide, log=self.log)
                 write_text(tmp / "report.md", "# draftsmith serving A/B\n" + report_section(result))
 
         self._stage("serve", out, section, body, inputs=inputs)

@@ -52,7 +52,7 @@ from draftsmith.eval.gates import PROMOTED, REFUSED, decide
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, read_json, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
-from draftsmith.eval.serving_stats import best_k_per_concurrency, k_bands  # noqa: F401 (k_bands: re-export)
+from draftsmith.eval.serving_stats import best_k_per_concurrency, decision_level, k_bands  # noqa: F401 (k_bands)
 
 MEASURED = "measured in this eval"
 
@@ -306,21 +306,6 @@ def _draft_cells(serving: dict | None, draft: str) -> list[dict]:
             if c.get("draft") == draft and c.get("concurrency") is not None and c.get("k") is not None]
 
 
-def _pick_level(levels: list[int], requested: int | None) -> tuple[int, str | None]:
-    """(the measured concurrency to decide at, a note when it is not `requested`); `levels` sorted."""
-    if requested is None:
-        return levels[0], (f"promote.serving_concurrency is unset: decided at the lowest measured concurrency, "
-                           f"{levels[0]} (measured: {levels}); set it to the concurrency you serve at")
-    if requested in levels:
-        return requested, None
-    above = [c for c in levels if c >= requested]
-    if above:
-        return above[0], (f"promote.serving_concurrency={requested} was not measured: decided at {above[0]}, the "
-                          f"nearest measured concurrency above it (measured: {levels})")
-    return levels[-1], (f"promote.serving_concurrency={requested} is above every measured concurrency: decided at the "
-                        f"highest, {levels[-1]} (measured: {levels}); add it to serve.concurrency")
-
-
 def _at_level(cells: list[dict], level: int) -> dict | None:
     """One draft's serving figures at one concurrency: {"best_k" (0 = off), "speedup" (1.0 when off),
     "speedup_ci95", "choice" (best_k_per_concurrency's entry), "top": the chosen K's cell (None when no speedup
@@ -354,7 +339,7 @@ def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested
     if not cells:
         return None
     levels = sorted({c["concurrency"] for c in cells})
-    level, note = _pick_level(levels, requested)
+    level, note = decision_level(levels, requested)
     at = _at_level(cells, level)
     top, batch1 = at["top"], metrics["summary"][name]
     accepted, source = _acceptance(top, name, at["best_k"], metrics)

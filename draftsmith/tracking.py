@@ -121,9 +121,19 @@ def log_eval(run: StageRun, metrics: dict) -> None:
 
         flat = {f"eval/{draft}/{key}": value for draft, summary in metrics["summary"].items()
                 for key, value in summary.items() if isinstance(value, (int, float))}
+        for draft, summary in metrics["summary"].items():  # the interval as two numbers W&B can chart
+            if summary.get("speedup_ci95"):
+                flat[f"eval/{draft}/speedup_ci95_lo"], flat[f"eval/{draft}/speedup_ci95_hi"] = summary["speedup_ci95"]
         columns = ["draft", "k", "temperature", "acceptance_rate", "token_acceptance", "mean_accepted_tokens",
-                   "speedup", "predicted_speedup", "greedy_match"]
-        table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in metrics["records"]])
+                   "speedup", "speedup_ci95_lo", "speedup_ci95_hi", "repeats", "predicted_speedup", "greedy_match"]
+
+        def value(record: dict, column: str):
+            if column.startswith("speedup_ci95_"):
+                ci = record.get("speedup_ci95")
+                return None if ci is None else ci[0 if column.endswith("lo") else 1]
+            return record.get(column)
+
+        table = wandb.Table(columns=columns, data=[[value(r, c) for c in columns] for r in metrics["records"]])
         charts = {"eval/k_table": table}
         for draft, summary in metrics["summary"].items():
             best = best_record(metrics, draft)

@@ -4,17 +4,18 @@ A speedup is a ratio of summed times measured side by side: plain / speculative 
 same prompts (the batch-1 eval), or plain / speculative request latency over the same requests (the
 serving A/B). Its samples are *paired*: per unit (a prompt, or a request of the serving schedule) and
 per repeat (a whole pass over the units), one ``(plain, spec)`` pair measured together. The
-interval is a **paired, two-level percentile bootstrap**: resample the units with replacement, then
-each chosen unit's repeats with replacement, and recompute sum(plain) / sum(spec), ``n_boot`` times
-(seeded: the same samples give the same interval). Units carry the prompt-to-prompt spread, repeats
-the machine's noise. The plain percentile interval is too narrow with few units, so its percentiles
+interval is a **paired cluster bootstrap**: resample the units with replacement, each keeping all its
+repeats (the cluster: its plain and speculative times summed over the passes), and recompute
+sum(plain) / sum(spec), ``n_boot`` times (seeded: the same samples give the same interval); with a
+single unit its repeats are resampled instead. A unit's sum carries the machine's noise (it shrinks
+as passes are added) and the units' spread the prompt-to-prompt one. Resampling the repeats inside
+each resampled unit as well would count the noise twice (measured: 8 prompts x 2 passes covered
+0.985, not 0.95). The plain percentile interval is too narrow with few units, so its percentiles
 are *expanded* for the sample size (Hesterberg 2015, "What teachers should know about the bootstrap",
 section 3.4): the tail probability is Φ(−sqrt(n / (n − 1)) · t_{0.975, n−1}) instead of 0.025, n the
 number of units (of repeats when there is one unit). Measured coverage of a true speedup
 (``python scripts/bench_intervals.py --trials 400``, prompts that differ, 10% run noise), plain ->
-expanded: 6 prompts 0.82 -> 0.90, 8 prompts 0.88 -> 0.93, 16 prompts 0.93 -> 0.96; with two or more
-repeats the two-level resampling counts the run noise twice and covers more (8 x 2: 0.96 -> 0.985),
-which errs towards "inconclusive", never towards a lucky promotion.
+expanded: see BENCHMARKS.md "Verdicts under noise".
 
 Degenerate cases: a single pair (one unit, one repeat) has no spread to resample, so its interval is
 ``None`` ("unknown": a verdict on it is inconclusive); identical pairs give a zero-width interval.
@@ -68,14 +69,22 @@ def _pairs(units: Units) -> int:
     return sum(len(u) for u in units)
 
 
-def _resample(units: Units, rng: random.Random) -> tuple[float, float]:
+def _sums(units: Units) -> list[tuple[float, float]]:
+    """Each unit's pairs summed over its repeats: the clusters the bootstrap resamples."""
+    return [(sum(p for p, _ in unit), sum(s for _, s in unit)) for unit in units]
+
+
+def _clusters(units: Units) -> list[tuple[float, float]]:
+    """What is resampled: the units (their repeats summed), or with a single unit its repeats."""
+    return _sums(units) if len(units) > 1 else list(units[0])
+
+
+def _resample(clusters: list[tuple[float, float]], rng: random.Random) -> tuple[float, float]:
     num = den = 0.0
-    for _ in range(len(units)):
-        unit = units[rng.randrange(len(units))]
-        for _ in range(len(unit)):
-            p, s = unit[rng.randrange(len(unit))]
-            num += p
-            den += s
+    for _ in range(len(clusters)):
+        p, s = clusters[rng.randrange(len(clusters))]
+        num += p
+        den += s
     return num, den
 
 
@@ -127,32 +136,32 @@ def ratio_ci(units: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
     number of units (module docstring); None with fewer than two pairs."""
     if _pairs(units) < 2:
         return None
-    rng = random.Random(seed)
+    rng, clusters = random.Random(seed), _clusters(units)
     draws = []
     for _ in range(n_boot):
-        num, den = _resample(units, rng)
+        num, den = _resample(clusters, rng)
         draws.append(num / den if den > 0 else 0.0)
     return _percentiles(draws, _tail(units))
 
 
 def difference_ci(a: Units, b: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
     """The 95% interval of ratio(a) - ratio(b) for two cells measured on the same units (same order: unit i of
-    `a` and of `b` is the same prompt), the units resampled jointly and each cell's repeats within them apart.
-    None when the cells share fewer than two units' worth of pairs, or have different numbers of units."""
+    `a` and of `b` is the same prompt), the units resampled jointly (each cell's repeats of a unit kept together;
+    with a single unit, repeat i of both cells taken together). None when the cells have fewer than two pairs,
+    different numbers of units, or (one unit) different numbers of repeats."""
     if len(a) != len(b) or not a or _pairs(a) < 2 or _pairs(b) < 2:
         return None
     rng = random.Random(seed)
+    ca, cb = (_clusters(a), _clusters(b)) if len(a) > 1 else (list(a[0]), list(b[0]))
+    if len(ca) != len(cb):  # one unit whose cells have different numbers of repeats: not paired
+        return None
     draws = []
     for _ in range(n_boot):
         num_a = den_a = num_b = den_b = 0.0
-        for _ in range(len(a)):
-            i = rng.randrange(len(a))
-            for _ in range(len(a[i])):
-                p, s = a[i][rng.randrange(len(a[i]))]
-                num_a, den_a = num_a + p, den_a + s
-            for _ in range(len(b[i])):
-                p, s = b[i][rng.randrange(len(b[i]))]
-                num_b, den_b = num_b + p, den_b + s
+        for _ in range(len(ca)):
+            i = rng.randrange(len(ca))
+            num_a, den_a = num_a + ca[i][0], den_a + ca[i][1]
+            num_b, den_b = num_b + cb[i][0], den_b + cb[i][1]
         draws.append((num_a / den_a if den_a > 0 else 0.0) - (num_b / den_b if den_b > 0 else 0.0))
     return _percentiles(draws, _tail(a))
 

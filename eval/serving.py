@@ -47,11 +47,12 @@ from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metric
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
-from draftsmith.eval.intervals import format_ci
+from draftsmith.eval.intervals import STRADDLES, UNKNOWN, difference_ci, format_ci, verdict
 from draftsmith.eval.load import LoadResult, run_load
 from draftsmith.serve.client import served_model
-from draftsmith.eval.serving_stats import (best_k_per_concurrency, compare_reference, k_bands, make_cell,  # noqa: F401
-                                          merge_passes, summarize, summary_lines)
+from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_units, compare_reference,  # noqa: F401
+                                          decision_level, k_bands, make_cell, merge_passes, summarize,
+                                          summary_lines)
 from draftsmith.eval.settings import ServingSettings
 
 SCHEMA_VERSION = 1
@@ -74,25 +75,31 @@ Runs = dict  # {level: (its passes [LoadResult], spec counters summed over them 
 
 
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool, log=print,
-          baseline_url: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
+          baseline_url: Optional[str] = None, levels: Optional[Levels] = None, passes: Optional[int] = None,
+          into: Optional[tuple[Runs, Runs]] = None, warmup: bool = True) -> Runs | tuple[Runs, Runs]:
     """Warm the server(s) up, then run every load level ``serve.repeats`` times, pass by pass (every level once,
     then again, so that a slow spell spreads over the levels) -> {level: (passes, counters)}.
 
     With `baseline_url` (the same target with speculation off, up at the same time) every pass of a level runs on
     both servers back to back, the order alternating, so that each speculative pass has a plain pass measured
-    beside it: -> (spec runs, plain runs); `url` must then be the speculative server."""
+    beside it: -> (spec runs, plain runs); `url` must then be the speculative server. `levels` / `passes`: other
+    levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
+    `warmup` False: no warm-up requests (the servers already served)."""
     from draftsmith.serve.errors import VllmError
 
     sides = [(url, spec)] + ([(baseline_url, False)] if baseline_url else [])
     models = {u: served_model(u, key="serve.baseline_url" if u == baseline_url else "serve.url") for u, _ in sides}
     common = dict(ignore_eos=settings.ignore_eos, timeout_s=settings.request_timeout_s, seed=settings.seed)
-    if settings.warmup:
+    if settings.warmup and warmup:
         for u, _ in sides:
             run_load(u, models[u], prompts, num_requests=settings.warmup, max_tokens=min(8, settings.max_tokens),
                      concurrency=1, **common)
     out: dict[str, dict] = {u: {} for u, _ in sides}
-    for r in range(settings.repeats):
-        for j, (kind, level) in enumerate(levels_of(settings)):
+    if into is not None:
+        out = {url: dict(into[0]), **({baseline_url: dict(into[1])} if baseline_url else {})}
+    done = max((len(loads) for loads, _ in out[url].values()), default=0)  # passes already taken: order rotation
+    for r in range(done, done + (settings.repeats if passes is None else passes)):
+        for j, (kind, level) in enumerate(levels or levels_of(settings)):
             for u, is_spec in (sides if (r + j) % 2 == 0 else sides[::-1]):
                 before = scrape_metrics(u) if is_spec else None
                 load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
@@ -106,7 +113,7 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
                 loads, total = out[u].get((kind, level), ([], None))
                 out[u][(kind, level)] = (loads + [load], counters if total is None else _summed(total, counters))
                 log(f"draftsmith: serving: {'spec ' if is_spec else 'plain'} {kind}={level:g}"
-                    + (f" (pass {r + 1} of {settings.repeats})" if settings.repeats > 1 else "")
+                    + (f" (pass {r + 1})" if r or settings.repeats > 1 else "")
                     + f": {sum(q.output_tokens for q in load.requests) / load.wall_s:.1f} output tokens/s")
     return (out[url], out[baseline_url]) if baseline_url else out[url]
 
@@ -143,7 +150,7 @@ def _infer_k(runs) -> Optional[int]:
 
 def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, str], k: list[int],
                    prompts: list[list[int]], out_dir: str | Path, dtype: str = "float32",
-                   reference: Optional[list[list[int]]] = None, log=print) -> dict:
+                   reference: Optional[list[list[int]]] = None, decide: Optional[dict] = None, log=print) -> dict:
     """Run the serving A/B and write ``serving.json`` and its plots into `out_dir`; returns serving.json's content.
 
     Args:
@@ -156,6 +163,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         dtype: the served dtype (float32 keeps greedy outputs comparable token for token).
         reference: optional greedy outputs of draftsmith's own loop per prompt (same max_tokens, no EOS
             stop when `settings.ignore_eos`): each cell then says whether vLLM's outputs equal them.
+        decide: the verdicts the promote stage will take, {"at": [speedup bars], "concurrency": the serving
+            concurrency or None, "margin": the champion margin or None}: while one is undecided at the decision
+            level (:func:`undecided_serving`), passes are added there up to ``serve.max_repeats`` (launched servers
+            with ``serve.interleave`` only); serving.json's ``added_passes`` says what was added and why it stopped.
     With `settings.url` / `settings.baseline_url` nothing is launched: the cells are labelled with the
     only draft name given (else "served") and the K read from the server's per-position counters.
     """
@@ -190,7 +201,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             log(f"draftsmith: serving: starting vLLM ({name}); log {log_path}")
             return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
 
-        plain_runs = None
+        plain_runs, raw = None, {}
 
         def measure(name: str, draft: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
             """One spec server's runs and the plain runs they are compared with."""
@@ -205,7 +216,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             for name, path in drafts.items():
                 for kk in k:
                     spec_runs, plain = measure(name, str(path), kk, plain_url=plain_url)
+                    raw[(name, kk)] = (spec_runs, plain)
                     cells += _cells(name, kk, spec_runs, plain, reference)
+            if plain_url is not None:
+                more_passes(plain_url)
             scheduled = schedule_to_measure(cells, drafts, k)
             if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
                 log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
@@ -217,6 +231,34 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       if c["concurrency"] is not None]
                 scheduled.update(track_schedule(cells, scheduled))
 
+        def more_passes(plain_url: str) -> None:
+            """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided."""
+            nonlocal cells, added
+            if decide is None or settings.max_repeats <= settings.repeats:
+                return
+            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
+            if not levels:
+                return
+            level = decision_level(levels, decide.get("concurrency"))[0]
+            added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
+            for name, kk in undecided_serving(cells, drafts, level, decide):
+                spec_runs, plain = raw[(name, kk)]
+                taken = 0
+                with server(f"{_slug(name)}-k{kk}-more", str(drafts[name]), kk) as srv:
+                    while ((name, kk) in undecided_serving(cells, drafts, level, decide)
+                           and len(spec_runs[("concurrency", level)][0]) < settings.max_repeats):
+                        spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url,
+                                                 levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
+                                                 warmup=taken == 0, log=log)
+                        taken += 1
+                        raw[(name, kk)] = (spec_runs, plain)
+                        cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
+                            name, kk, spec_runs, plain, reference)
+                added["cells"].append({"draft": name, "k": kk, "added": taken,
+                                       "passes": len(spec_runs[("concurrency", level)][0]),
+                                       "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
+
+        added = None
         if settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
             with server("plain") as plain_srv:
                 every_server(plain_srv.url)
@@ -230,11 +272,39 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                "requests_per_level": {f"{kind}={lvl:g}": requests_per_level(len(prompts), kind, lvl)
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
-               "boundary": summarize(closed), "scheduled": scheduled, "warnings": warnings_of(cells), "logs": logs,
+               "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
+               "warnings": warnings_of(cells), "logs": logs,
                "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}
     serving["plots"] = plot_serving(serving, out)
     write_serving(out, serving)
     return serving
+
+
+def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: dict) -> list[tuple[str, int]]:
+    """The (draft, K) cells at concurrency `level` whose verdict more passes could settle: for the promotion
+    candidate (the trained draft, else the first) and the production draft, every K that could be chosen there
+    (best_k_per_concurrency's indistinguishable K) whose speedup interval straddles (or has none against) a bar
+    of ``decide["at"]``; and both chosen cells when the interval of their paired difference straddles
+    ``decide["margin"]``."""
+    candidate = "trained" if "trained" in drafts else next(iter(drafts), None)
+    names = [n for n in (candidate, "production") if n in drafts]
+    todo, chosen = [], {}
+    for name in names:
+        here = {c["k"]: c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None
+                and c["speedup"] is not None}
+        if not here:
+            continue
+        choice = best_k_per_concurrency(list(here.values()))[0]
+        chosen[name] = here.get(choice["best_speedup_k"])
+        for kk in choice["indistinguishable"]:
+            ci = here[kk].get("speedup_ci95")
+            if any(verdict(ci, bar) in (STRADDLES, UNKNOWN) for bar in decide.get("at") or []):
+                todo.append((name, kk))
+    if decide.get("margin") is not None and len(chosen) == 2 and all(chosen.values()):
+        a, b = (cell_units(chosen[n]) for n in names)
+        if a and b and verdict(difference_ci(a, b), decide["margin"]) in (STRADDLES, UNKNOWN):
+            todo += [(n, chosen[n]["k"]) for n in names]
+    return list(dict.fromkeys(todo))
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:

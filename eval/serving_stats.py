@@ -222,6 +222,24 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
     return out
 
 
+def decision_level(levels: list[int], requested: Optional[int]) -> tuple[int, Optional[str]]:
+    """(the measured concurrency a promotion decides at, a note when it is not `requested`); `levels` sorted.
+
+    `requested` is promote.serving_concurrency: unset -> the lowest measured level; not measured -> the nearest
+    measured level above it, else the highest."""
+    if requested is None:
+        return levels[0], (f"promote.serving_concurrency is unset: decided at the lowest measured concurrency, "
+                           f"{levels[0]} (measured: {levels}); set it to the concurrency you serve at")
+    if requested in levels:
+        return requested, None
+    above = [c for c in levels if c >= requested]
+    if above:
+        return above[0], (f"promote.serving_concurrency={requested} was not measured: decided at {above[0]}, the "
+                          f"nearest measured concurrency above it (measured: {levels})")
+    return levels[-1], (f"promote.serving_concurrency={requested} is above every measured concurrency: decided at the "
+                        f"highest, {levels[-1]} (measured: {levels}); add it to serve.concurrency")
+
+
 def k_bands(best: list[dict]) -> list[dict]:
     """The recommended K per concurrency band from best_k_per_concurrency(): consecutive measured levels with the
     same K merged -> [{"from", "to", "k"}, ..., {"from", "k"}] (the last band open-ended; K 0 = off)."""

@@ -43,7 +43,7 @@ class EvalSettings:
     k: list[int] = field(default_factory=lambda: [2, 4])  # draft tokens per round, one cell per K
     temperature: list[float] = field(default_factory=lambda: [0.0])  # 0 = greedy; > 0: rejection sampling
     max_new_tokens: int = 64
-    max_prompts: int = 8
+    max_prompts: int = 16  # held-out prompts; the batch-1 interval is mostly their spread (8 gave the demo [1.11, 1.59])
     warmup: int = 1
     repeats: int = 2  # passes over the prompts per cell, plain and speculative side by side (the interval's repeats)
     max_repeats: int = 6  # passes a cell may reach when its verdict is undecided (its interval straddles a gate)
@@ -97,6 +97,7 @@ class ServingSettings(ServerSettings):
     max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
     warmup: int = 2  # unrecorded requests after each server start
     repeats: int = 1  # passes over every level per server (the speedup's interval is over requests and passes)
+    max_repeats: int = 3  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
     interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
     # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
     # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
@@ -122,6 +123,8 @@ class ServingSettings(ServerSettings):
         check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
         check(isinstance(self.repeats, int) and self.repeats >= 1, f"serve.repeats must be an integer >= 1, got {self.repeats!r}")
+        check(isinstance(self.max_repeats, int) and self.max_repeats >= self.repeats,
+              f"serve.max_repeats must be an integer >= serve.repeats ({self.repeats}), got {self.max_repeats!r}")
         for key in ("slo_tpot_ms", "slo_ttft_ms"):
             value = getattr(self, key)
             check(value is None or value > 0, f"serve.{key} must be > 0 (milliseconds, p95) or unset, got {value}")

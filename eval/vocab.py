@@ -13,6 +13,7 @@ import torch
 
 from draftsmith.artifacts.errors import UserError
 from draftsmith.artifacts.formats import read_datagen
+from draftsmith.decode.eos import as_id_list
 from draftsmith.decode.vocab import coverage, frequency_vocab
 
 
@@ -35,7 +36,7 @@ def datagen_vocab(data_dir: str | None, size: int, width: int, eos) -> tuple[tor
     train = data["train"]
     alternatives = train["topk_ids"] if "topk_ids" in train.column_names else ()
     alternatives = [[position[:8] for position in row] for row in alternatives]  # the target's top-8 at each position
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    eos_ids = as_id_list(eos)
     ids = frequency_vocab(train["completion_ids"], size, width, alternatives=alternatives,
                           prompts=train["prompt_ids"], always=eos_ids)
     heldout = data["heldout"]["completion_ids"] if "heldout" in data else []

@@ -43,6 +43,12 @@ def test_eval_writes_full_schema_report_and_plots(setup):
                     "speedup", "predicted_speedup", "baseline", "speculative", "c", "c_v"):
             assert key in rec, key
         assert len(rec["per_position_acceptance"]) == rec["k"]
+        # two passes (eval.repeats) of 4 prompts, paired: the interval contains the pooled speedup
+        assert rec["repeats"] == 2 and [len(x) for x in rec["timings"]["plain_s"]] == [4, 4]
+        assert rec["speedup"] == pytest.approx(sum(map(sum, rec["timings"]["plain_s"]))
+                                               / sum(map(sum, rec["timings"]["spec_s"])), rel=1e-9)
+        lo, hi = rec["speedup_ci95"]
+        assert lo <= rec["speedup"] <= hi
         assert rec["backend"] == {"target": "lean", "draft": "lean"}  # llama pair, decode.backend=auto
         assert {"ttft_ms", "tpot_ms", "tokens_per_s"} <= rec["baseline"].keys() == rec["speculative"].keys()
         if rec["temperature"] == 0:
@@ -52,6 +58,10 @@ def test_eval_writes_full_schema_report_and_plots(setup):
             assert 0.0 < rec["expected_acceptance"] <= 1.0
     assert set(metrics["summary"]) == {"trained", "base"}
     assert metrics["summary"]["trained"]["acceptance_rate"] > metrics["summary"]["base"]["acceptance_rate"]
+    for s in metrics["summary"].values():
+        assert s["best_k"] in s["k_choice"]["indistinguishable"] and s["best_k"] == min(s["k_choice"]["indistinguishable"])
+        assert s["speedup_ci95"] is not None
+    assert metrics["repeats"]["stopped"] == "eval.decide_at is empty: no verdict to settle"  # run() outside the pipeline
     slower = [r for r in metrics["records"] if r["speedup"] < 1]  # warnings follow the measured speedup
     assert len(metrics["warnings"]) == len(slower)
     assert all(f"draft {r['draft']!r}, K={r['k']}, temperature {r['temperature']}:" in w

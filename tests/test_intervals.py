@@ -32,6 +32,13 @@ def test_one_prompt_with_repeats_resamples_the_repeats():
     assert ci == [pytest.approx(1.0), pytest.approx(2.0)]
 
 
+def test_a_units_repeats_stay_together():
+    # two prompts, each with a fast and a slow pass: the prompts' sums are equal (3 / 2), so resampling prompts
+    # moves nothing; resampling the passes inside them as well would (it counted the noise twice)
+    units = [[(2.0, 1.0), (1.0, 1.0)], [(1.0, 1.0), (2.0, 1.0)]]
+    assert ratio_ci(units) == [pytest.approx(1.5), pytest.approx(1.5)]
+
+
 def test_interval_contains_the_estimate_and_narrows_with_repeats():
     few = noisy_units(1.5, 8, 1, 0.2)
     many = noisy_units(1.5, 8, 16, 0.2)
@@ -63,11 +70,8 @@ def test_verdict_against_a_bar():
 
 
 def test_difference_of_identical_cells_is_zero_and_of_shifted_cells_excludes_zero():
-    a = noisy_units(1.5, 8, 1, 0.05)  # one repeat: only the units are resampled, jointly
+    a = noisy_units(1.5, 8, 2, 0.05)  # the units are resampled jointly: the same data differ by exactly 0
     assert difference_ci(a, a) == [pytest.approx(0.0), pytest.approx(0.0)]
-    a = noisy_units(1.5, 8, 2, 0.05)  # repeats are separate runs of each cell, resampled apart: a spread around 0
-    lo, hi = difference_ci(a, a)
-    assert lo < 0 < hi
     b = [[(p, s * 1.5) for p, s in unit] for unit in a]  # every spec time 1.5x longer: ratio 1.5 -> 1.0
     lo, hi = difference_ci(a, b)
     assert 0.4 < lo <= hi < 0.6

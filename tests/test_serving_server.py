@@ -179,3 +179,31 @@ def test_run_serving_ab_launches_plain_and_spec_servers(fake, tmp_path):
     log = (tmp_path / "eval" / "serving_logs" / "trained-k3.log").read_text()
     assert '"num_speculative_tokens": 3' in log and '"model": "/models/d"' in log
     assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 and all_gone(tmp_path / "pids")
+
+
+def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_undecided(fake, tmp_path, monkeypatch):
+    """serve.max_repeats: the undecided cell's server is started again and driven at the decision level only, a
+    pass at a time, beside the plain server, until its verdict is decided (here: after two calls say undecided)."""
+    from draftsmith.eval import serving as serving_mod
+
+    calls = []
+
+    def undecided(cells, drafts, level, decide):
+        calls.append(level)
+        return [("trained", 2)] if len(calls) <= 2 else []
+
+    monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
+    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, max_repeats=3)
+    decide = {"at": [1.0, 1.1], "concurrency": 2, "margin": None}
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
+                             log=lambda *_: None)
+    assert set(calls) == {2}  # promote.serving_concurrency=2 is measured: the passes go there
+    assert serving["added_passes"] == {"concurrency": 2, "max_repeats": 3,
+                                       "cells": [{"draft": "trained", "k": 2, "added": 1, "passes": 2,
+                                                  "decided": True}]}
+    by_level = {c["concurrency"]: c for c in serving["cells"]}
+    assert by_level[2]["repeats"] == 2 and by_level[1]["repeats"] == 1  # only the decision level was re-measured
+    assert len(by_level[2]["timings"]["plain_s"]) == 2 == len(by_level[2]["timings"]["spec_s"])  # paired passes
+    assert "serving_logs/trained-k2-more.log" in serving["logs"] and all_gone(tmp_path / "pids")

@@ -266,3 +266,24 @@ def test_track_schedule_compares_with_the_best_static_k_or_off_within_the_interv
     assert [(r["concurrency"], r["best_static_k"]) for r in out["tracking"]] == [(1, 4), (16, 0)]
     bad = {"draft": "t", "cells": [{**cell("t", None, 1, 1.5), "speedup_ci95": [1.4, 1.6]}]}
     assert track_schedule(static, bad)["tracks"] is False
+
+
+def test_undecided_serving_names_the_cells_more_passes_could_settle():
+    from draftsmith.eval.serving import undecided_serving
+
+    def timed(draft, k, conc, ratios):
+        spec = [load(conc, [1.0 / r for r in ratios], 1.0)]
+        plain = [load(conc, [1.0] * len(ratios), sum(ratios) / len(ratios))]
+        return make_cell(draft, k, spec, plain)
+
+    clear = timed("trained", 2, 4, [1.5, 1.6, 1.55, 1.5])
+    straddling = timed("trained", 4, 4, [0.8, 1.6, 0.8, 1.6])
+    drafts = {"trained": "d"}
+    decide = {"at": [1.0, 1.1], "margin": None}
+    assert undecided_serving([clear], drafts, 4, decide) == []
+    assert undecided_serving([straddling], drafts, 4, decide) == [("trained", 4)]
+    assert undecided_serving([straddling], drafts, 8, decide) == []  # nothing measured at that level
+    # the candidate clears the bars, but its difference with production straddles the margin
+    prod = timed("production", 2, 4, [1.4, 1.7, 1.5, 1.55])
+    both = undecided_serving([clear, prod], {"trained": "d", "production": "p"}, 4, decide | {"margin": 0.02})
+    assert both == [("trained", 2), ("production", 2)]
