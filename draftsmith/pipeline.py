@@ -29,16 +29,18 @@ from draftsmith.decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
 from draftsmith.summary import summarize
 from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
-from draftsmith.eval.settings import DecodeSettings, EvalSettings
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
 from draftsmith.train.prompts import PromptError, PromptFormat, PromptSource
 from draftsmith.train.settings import DatagenSettings, TrainSettings
 
 
 def served_drafts(serving, drafts: dict[str, str]) -> dict[str, str]:
-    """The eval's drafts the serving A/B serves: those named in serve.drafts ([] = all)."""
+    """The eval's drafts the serving A/B serves: those named in serve.drafts ([] = all; "candidate" = the draft
+    promotion decides on, eval/settings.py candidate_name: the trained draft, else the base draft)."""
     if not serving.drafts:
         return drafts
-    chosen = {name: path for name, path in drafts.items() if name in serving.drafts}
+    wanted = {candidate_name(drafts) if name == "candidate" else name for name in serving.drafts}
+    chosen = {name: path for name, path in drafts.items() if name in wanted}
     if not chosen:
         raise ConfigError(f"serve.drafts={list(serving.drafts)} names none of this eval's drafts "
                           f"({', '.join(drafts)}); fix the list, or leave it [] to serve them all")
@@ -318,8 +320,8 @@ class Pipeline:
         if "serve" in cfg.stages and cfg.serve.engine == "vllm":
             served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
-        # the verdicts the eval adds passes to settle: speculation pays at all, the promote gate, the champion margin
-        decide = {"decide_at": sorted({1.0, cfg.promote.min_speedup}),
+        # the verdicts the eval adds passes to settle: the promote gate and the champion margin
+        decide = {"decide_at": [cfg.promote.min_speedup],
                   "decide_margin": cfg.promote.champion_margin if "production" in drafts else None}
         section = {"target": target, "drafts": drafts, "eval": figures_of(cfg.eval), "decode": figures_of(cfg.decode),
                    "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"], "decide": decide}
@@ -354,8 +356,9 @@ class Pipeline:
             inputs["train"] = self._upstream("train", self.out / "train")
         k = list(serving.k or cfg.eval.k)
         # the verdicts the A/B adds passes to settle at the serving concurrency (as the eval does at batch 1)
-        decide = {"at": sorted({1.0, cfg.promote.min_speedup}), "concurrency": cfg.promote.serving_concurrency,
-                  "margin": cfg.promote.champion_margin if "production" in drafts else None}
+        decide = {"at": [cfg.promote.min_speedup], "concurrency": cfg.promote.serving_concurrency,
+                  "margin": cfg.promote.champion_margin if "production" in drafts else None,
+                  "schedule": cfg.promote.k_schedule}  # false: no scheduled column (no schedule is exported)
         section = {"target": target, "drafts": drafts, "serve": figures_of(serving), "k": k,
                    "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"],
                    "decide": decide}

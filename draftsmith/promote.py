@@ -52,7 +52,8 @@ from draftsmith.eval.gates import PROMOTED, REFUSED, decide
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, read_json, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
-from draftsmith.eval.serving_stats import best_k_per_concurrency, decision_level, k_bands  # noqa: F401 (k_bands)
+from draftsmith.eval.serving_stats import (best_k_per_concurrency, decision_level, k_bands,  # noqa: F401 (k_bands)
+                                          throughput_scale)
 
 MEASURED = "measured in this eval"
 
@@ -150,7 +151,8 @@ def _measurement(metrics: dict, serving: dict | None) -> dict:
     and the serving A/B's passes per level when the decision is taken on it."""
     out = {"eval": metrics.get("repeats")}
     if serving is not None:
-        out["serving"] = {"repeats": (serving.get("settings") or {}).get("repeats", 1)}
+        out["serving"] = {"repeats": (serving.get("settings") or {}).get("repeats", 1),
+                          "added_passes": serving.get("added_passes")}
     return out
 
 
@@ -297,7 +299,9 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
 # -- the serving A/B basis (DIR/serve/serving.json, issue 10 section 5) ------------------------------
 # settings that do not change a cell's figures: which levels were run, and those that say only where or how the
 # servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
-_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", *where_settings(ServingSettings))
+# and those that change how precisely a cell is measured or what is summarised from it, not what it measures
+_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "slo_tpot_ms",
+                        "slo_ttft_ms", *where_settings(ServingSettings))
 
 
 def _draft_cells(serving: dict | None, draft: str) -> list[dict]:
@@ -328,8 +332,12 @@ def _serving_difference(serving: dict, name: str, candidate: dict, champion: dic
 
     if not candidate["best_k"] or not champion.get("best_k"):
         return None
+    cells = [next((c for c in _draft_cells(serving, draft) if c["concurrency"] == level and c["k"] == k), None)
+             for draft, k in ((name, candidate["best_k"]), ("production", champion["best_k"]))]
     a, b = units(name, candidate["best_k"]), units("production", champion["best_k"])
-    return difference_ci(a, b) if a and b else None
+    if not (a and b):
+        return None  # the throughput speedups' difference: each latency ratio scaled as its cell's interval is
+    return difference_ci(a, b, scale_a=throughput_scale(cells[0]), scale_b=throughput_scale(cells[1]))
 
 
 def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested: int | None) -> dict | None:
@@ -349,7 +357,8 @@ def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested
             "best_speedup_ci95": choice["best_speedup_ci95"], "indistinguishable_k": choice["indistinguishable"],
             "repeats": top and top.get("repeats"),
             "tpot_ratio": top.get("tpot_ratio") if top and at["best_k"] else None,
-            "outputs_unequal": [_cell_name(c) for c in cells if c.get("outputs_equal") is False],
+            "outputs_unequal": [_cell_name(c) for c in cells + ((serving.get("scheduled") or {}).get("cells") or [])
+                                if c.get("outputs_equal") is False and c.get("draft") == name],
             "k_by_concurrency": k_bands(best_k_per_concurrency(cells))}
     return {"best_k": at["best_k"], "speedup": at["speedup"], "speedup_ci95": at["speedup_ci95"],
             "repeats": top and top.get("repeats"), "acceptance_rate": accepted, "acceptance_source": source,
@@ -372,7 +381,8 @@ def _acceptance(cell: dict | None, name: str, k: int, metrics: dict) -> tuple[fl
 def _cell_name(cell: dict) -> str:
     first = cell.get("first_mismatch") or {}
     where = f"; first at prompt {first['prompt_index']}, token {first['position']}" if first else ""
-    return (f"draft {cell['draft']!r} K={cell['k']} concurrency {cell['concurrency']} "
+    k = "scheduled" if cell.get("column") == "scheduled" else f"K={cell['k']}"
+    return (f"draft {cell['draft']!r} {k} concurrency {cell['concurrency']} "
             f"({cell.get('mismatches')} of {cell.get('compared')} requests{where})")
 
 

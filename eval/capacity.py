@@ -17,8 +17,9 @@ already fails). Levels above the capacity that still met the target are listed i
 the noise is visible rather than silently dropped.
 
 Plain (speculation off) is the same server for every draft and K; each (draft, K) entry's plain figures
-come from that (draft, K)'s own cells' ``plain`` sides, so they are repeated per draft/K (and identical
-when one plain run was reused for every spec server, as eval/serving.py does).
+come from that (draft, K)'s own cells' ``plain`` sides: with ``serve.interleave`` (the default) each cell's
+plain passes were measured beside its own spec server, so they differ a little from row to row (machine
+noise); with ``serve.interleave=false`` one plain run is shared and they are identical.
 
 ``gain`` = spec capacity ``output_tokens_per_s`` / plain capacity ``output_tokens_per_s`` (the two may sit
 at different concurrencies); None when either side meets the target at no level (or plain's is 0).
@@ -209,8 +210,8 @@ def capacity_markdown(capacity: Optional[dict]) -> str:
     lines = ["", "## Capacity at a latency target", "",
              f"Target: {_slo_text(capacity['slo'])} (no failed requests). Capacity = the highest measured "
              "concurrency such that it and every measured level below it meet the target; tokens/s are "
-             "output tokens/s at that level. Off (no speculation) is the same server for every draft and K: "
-             "its figures are repeated per row. Gain = tokens/s on / off at the respective capacities.", "",
+             "output tokens/s at that level. Off (no speculation) is the same server for every draft and K, measured "
+             "beside each row's spec server. Gain = tokens/s on / off at the respective capacities.", "",
              "| draft | K | concurrency on | tokens/s on | concurrency off | tokens/s off | gain | note |",
              "|---|---|---|---|---|---|---|---|"]
 

@@ -72,8 +72,11 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     measured = bool(candidate["speedup"])
     shown = format_ci(candidate["speedup"], ci)
     passes = candidate.get("repeats")
-    more = ("; measure more: raise serve.repeats or serve.max_prompts" if serving else
-            "; measure more: raise eval.max_repeats (or eval.time_budget_s, eval.max_prompts)")
+    more = ("; measure more: raise serve.max_repeats (with serve.interleave), serve.repeats or serve.max_prompts"
+            if serving else "; measure more: raise eval.max_prompts (the prompts' spread) or eval.max_repeats / "
+            "eval.time_budget_s (the machine's noise)")
+    if ci is None and candidate.get("repeats") is None and candidate["speedup"]:
+        more = "; it was measured before draftsmith recorded intervals: run eval (and serve) again"
     checks = []
 
     def check_(gate: str, result: str, reason: str) -> None:
@@ -121,7 +124,10 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     if champion is not None and not off:
         mine = format_ci(candidate["speedup"], ci, unit="", digits=3)
         theirs = f"{label}'s {format_ci(champion['speedup'], champion.get('speedup_ci95'), unit='', digits=3)}"
-        if difference_ci95 is not None:
+        if not measured:  # the acceptance rule decided: only the point figures can be compared
+            result = PASS if candidate["speedup"] >= champion["speedup"] + gates.champion_margin else FAIL
+            paired = ""
+        elif difference_ci95 is not None:
             result = _from_verdict(verdict(difference_ci95, gates.champion_margin))
             paired = (f" (difference {candidate['speedup'] - champion['speedup']:+.3f} [{difference_ci95[0]:+.3f}, "
                       f"{difference_ci95[1]:+.3f}], measured side by side)")

@@ -20,6 +20,10 @@ expanded: see BENCHMARKS.md "Verdicts under noise".
 Degenerate cases: a single pair (one unit, one repeat) has no spread to resample, so its interval is
 ``None`` ("unknown": a verdict on it is inconclusive); identical pairs give a zero-width interval.
 
+A serving pass is a unit of its own (a slow spell slows every request of the pass together), so a serving
+cell's interval resamples its passes and then the requests within them (:func:`nested_ratio_ci`); with a
+single pass only the requests, and the pass-to-pass noise is left out.
+
 A *verdict* compares an interval with a bar: ``above`` when the lower bound is at or above it,
 ``below`` when the upper bound is below it, else ``straddles`` (``unknown`` without an interval).
 Two cells measured on the same units (two K of one draft, a candidate and its champion) are compared
@@ -44,7 +48,8 @@ ABOVE, BELOW, STRADDLES, UNKNOWN = "above", "below", "straddles", "unknown"
 def units_from_passes(plain: Sequence[Sequence[Optional[float]]],
                       spec: Sequence[Sequence[Optional[float]]]) -> Units:
     """[pass][unit] arrays of plain and spec times (as metrics.json and serving.json store them) -> [unit][pass]
-    pairs; a pair with a missing side (None: a failed request) is left out, a unit with no pair is dropped."""
+    pairs; a pair with a missing side (None: a failed request) is left out, and a unit with no pair left stays as
+    an empty list, so that unit i is the same prompt (request) in every cell built from the same schedule."""
     if len(plain) != len(spec):
         raise ValueError(f"{len(plain)} plain passes but {len(spec)} speculative passes")
     width = max((len(p) for p in [*plain, *spec]), default=0)
@@ -55,7 +60,7 @@ def units_from_passes(plain: Sequence[Sequence[Optional[float]]],
             b = s_pass[i] if i < len(s_pass) else None
             if a is not None and b is not None:
                 units[i].append((float(a), float(b)))
-    return [u for u in units if u]
+    return units
 
 
 def ratio(units: Units) -> float:
@@ -70,13 +75,14 @@ def _pairs(units: Units) -> int:
 
 
 def _sums(units: Units) -> list[tuple[float, float]]:
-    """Each unit's pairs summed over its repeats: the clusters the bootstrap resamples."""
-    return [(sum(p for p, _ in unit), sum(s for _, s in unit)) for unit in units]
+    """Each unit's pairs summed over its repeats: the clusters the bootstrap resamples (empty units left out)."""
+    return [(sum(p for p, _ in unit), sum(s for _, s in unit)) for unit in units if unit]
 
 
 def _clusters(units: Units) -> list[tuple[float, float]]:
     """What is resampled: the units (their repeats summed), or with a single unit its repeats."""
-    return _sums(units) if len(units) > 1 else list(units[0])
+    full = [u for u in units if u]
+    return _sums(full) if len(full) > 1 else list(full[0])
 
 
 def _resample(clusters: list[tuple[float, float]], rng: random.Random) -> tuple[float, float]:
@@ -127,12 +133,13 @@ def _percentiles(values: list[float], tail: float) -> list[float]:
 
 
 def _tail(units: Units) -> float:
-    n = len(units) if len(units) > 1 else len(units[0])
+    full = [u for u in units if u]
+    n = len(full) if len(full) > 1 else len(full[0])
     return expanded_tail(n)
 
 
 def ratio_ci(units: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """The 95% interval of :func:`ratio` by the paired two-level bootstrap, its percentiles expanded for the
+    """The 95% interval of :func:`ratio` by the paired cluster bootstrap, its percentiles expanded for the
     number of units (module docstring); None with fewer than two pairs."""
     if _pairs(units) < 2:
         return None
@@ -144,17 +151,21 @@ def ratio_ci(units: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
     return _percentiles(draws, _tail(units))
 
 
-def difference_ci(a: Units, b: Units, *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """The 95% interval of ratio(a) - ratio(b) for two cells measured on the same units (same order: unit i of
-    `a` and of `b` is the same prompt), the units resampled jointly (each cell's repeats of a unit kept together;
-    with a single unit, repeat i of both cells taken together). None when the cells have fewer than two pairs,
-    different numbers of units, or (one unit) different numbers of repeats."""
-    if len(a) != len(b) or not a or _pairs(a) < 2 or _pairs(b) < 2:
+def difference_ci(a: Units, b: Units, *, n_boot: int = N_BOOT, seed: int = 0, scale_a: float = 1.0,
+                  scale_b: float = 1.0) -> Interval:
+    """The 95% interval of scale_a * ratio(a) - scale_b * ratio(b) for two cells measured on the same units (unit i
+    of `a` and of `b` is the same prompt or request), the units both cells have resampled jointly, each cell's
+    repeats of a unit kept together (with a single common unit: repeat i of both cells taken together). `scale_*`:
+    a factor on each cell's ratio (a serving cell's throughput / latency ratio). None when fewer than two common
+    units (or, for one unit, unequal repeats) leave nothing to resample."""
+    common = [i for i in range(min(len(a), len(b))) if a[i] and b[i]]
+    if len(common) > 1:
+        ca, cb = _sums([a[i] for i in common]), _sums([b[i] for i in common])
+    elif len(common) == 1 and len(a[common[0]]) == len(b[common[0]]) > 1:
+        ca, cb = list(a[common[0]]), list(b[common[0]])
+    else:
         return None
     rng = random.Random(seed)
-    ca, cb = (_clusters(a), _clusters(b)) if len(a) > 1 else (list(a[0]), list(b[0]))
-    if len(ca) != len(cb):  # one unit whose cells have different numbers of repeats: not paired
-        return None
     draws = []
     for _ in range(n_boot):
         num_a = den_a = num_b = den_b = 0.0
@@ -162,8 +173,31 @@ def difference_ci(a: Units, b: Units, *, n_boot: int = N_BOOT, seed: int = 0) ->
             i = rng.randrange(len(ca))
             num_a, den_a = num_a + ca[i][0], den_a + ca[i][1]
             num_b, den_b = num_b + cb[i][0], den_b + cb[i][1]
-        draws.append((num_a / den_a if den_a > 0 else 0.0) - (num_b / den_b if den_b > 0 else 0.0))
-    return _percentiles(draws, _tail(a))
+        draws.append(scale_a * (num_a / den_a if den_a > 0 else 0.0) - scale_b * (num_b / den_b if den_b > 0 else 0.0))
+    return _percentiles(draws, expanded_tail(len(ca)))
+
+
+def nested_ratio_ci(passes: list[list[Pair]], *, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """The 95% interval of sum(plain) / sum(spec) over passes of paired requests, when a pass is a unit of its own
+    (a serving pass: a slow spell of the machine slows every request of that pass together): resample the passes,
+    then the requests within each chosen pass; the percentiles expanded for the number of requests. With one pass,
+    the requests alone (the pass's own noise is then not measured). None with fewer than two pairs."""
+    passes = [p for p in passes if p]
+    if sum(len(p) for p in passes) < 2:
+        return None
+    if len(passes) == 1:
+        return ratio_ci([[pair] for pair in passes[0]], n_boot=n_boot, seed=seed)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n_boot):
+        num = den = 0.0
+        for _ in range(len(passes)):
+            chosen = passes[rng.randrange(len(passes))]
+            for _ in range(len(chosen)):
+                p, s = chosen[rng.randrange(len(chosen))]
+                num, den = num + p, den + s
+        draws.append(num / den if den > 0 else 0.0)
+    return _percentiles(draws, expanded_tail(max(2, min(len(p) for p in passes))))
 
 
 def verdict(ci: Interval, bar: float) -> str:
@@ -186,28 +220,40 @@ def format_ci(value: Optional[float], ci: Interval, unit: str = "x", digits: int
     return text if ci is None else f"{text} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
-def choose_k(cells: dict[int, Units], *, seed: int = 0) -> dict:
+def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: int = 0,
+             speeds: Optional[dict] = None, intervals: Optional[dict] = None, scales: Optional[dict] = None) -> dict:
     """The best K of one draft by a rule that does not follow the noise.
 
     `cells`: K -> the units of that K's cell (all measured on the same prompts). The *leader* is the K with
-    the highest point speedup. A K is *indistinguishable* from the leader when the interval of their
-    paired difference (:func:`difference_ci`) contains 0, or cannot be estimated. The chosen K is the
-    **smallest** indistinguishable K (it costs the least draft compute, and at higher load the least
-    wasted verification); with one K, that K.
+    the highest point speedup. Another K is *indistinguishable* from it when the interval of their paired
+    difference (:func:`difference_ci`) contains 0 **and** its own interval gives the same verdict as the
+    leader's against every bar in `bars` (so a K that is merely too noisy to tell apart — "unsure" where the
+    leader clearly pays — does not qualify), and, when the leader pays (speedup > 1), its speedup is above 1 too.
+    A K whose difference cannot be estimated is not indistinguishable. The chosen K is the **smallest**
+    indistinguishable K (it costs the least draft compute, and at higher load the least wasted verification).
+    `speeds` / `intervals` / `scales` (K -> value): a serving cell's throughput speedup, its own interval and the
+    factor from its latency ratio to it, in place of what the units give.
     -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.
     """
     if not cells:
         raise ValueError("choose_k needs at least one K")
-    speed = {k: ratio(u) for k, u in cells.items()}
+    speed = dict(speeds) if speeds else {k: ratio(u) for k, u in cells.items()}
+    own_ci = dict(intervals) if intervals is not None else {k: ratio_ci(u, seed=seed) for k, u in cells.items()}
+    scale = scales or {}
     leader = max(speed, key=lambda k: (speed[k], -k))
+    lead_ci = own_ci[leader]
     tied = [leader]
     for k in cells:
         if k == leader:
             continue
-        ci = difference_ci(cells[leader], cells[k], seed=seed)
-        if ci is None or ci[0] <= 0.0:
+        ci = difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
+                           scale_b=scale.get(k, 1.0))
+        own = own_ci[k]
+        same = all(verdict(own, bar) == verdict(lead_ci, bar) for bar in bars)
+        if ci is not None and ci[0] <= 0.0 and same and (speed[k] > 1.0 or speed[leader] <= 1.0):
             tied.append(k)
     tied.sort()
     return {"k": tied[0], "leader": leader, "indistinguishable": tied,
             "rule": "the smallest K whose speedup is indistinguishable from the best K's (95% interval of the paired "
-                    "difference contains 0)" if len(tied) > 1 else "the K with the highest speedup"}
+                    "difference contains 0, same verdict against the bars)" if len(tied) > 1
+            else "the K with the highest speedup"}

@@ -33,7 +33,7 @@ from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load
 from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.decode.vocab import VOCAB_FILE, save_vocab
-from draftsmith.eval.settings import DecodeSettings, EvalSettings
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 from draftsmith.eval.vocab import datagen_vocab
@@ -229,11 +229,6 @@ def cell_entry(cell: Cell, record: CellRecord) -> dict:
     return out
 
 
-def candidate_name(names) -> Optional[str]:
-    """The draft the promote stage decides on: the trained draft, else the base draft (None: neither)."""
-    return "trained" if "trained" in names else ("base" if "base" in names else None)
-
-
 def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
     """The cells whose verdict more repeats could still settle (empty without eval.decide_at).
 
@@ -249,7 +244,7 @@ def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
     active, chosen = [], {}
     for name in names:
         mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
-        choice = choose_k({k: c.units() for k, c in mine.items()})
+        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=cfg.decide_at or (1.0,))
         chosen[name] = mine[choice["k"]]
         for k in choice["indistinguishable"]:
             ci = mine[k].record().speedup_ci95
@@ -344,7 +339,7 @@ def run(cfg: EvalConfig) -> dict:
     for name in drafts:
         temp = min(cfg.temperature)
         mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
-        choice = choose_k({k: c.units() for k, c in mine.items()})
+        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=cfg.decide_at or (1.0,))
         best = next(r for n, r in cell_records if n == name and r.temperature == temp and r.k == choice["k"])
         entry = next(e for (_, r), e in zip(cell_records, records) if r is best)  # its metrics.json entry
         summary[name] = {"best_k": choice["k"], "temperature": temp, "speedup": best.speedup,

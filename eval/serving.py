@@ -25,7 +25,9 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
      "boundary": {draft: {"per_k": [{"k", "status", "concurrency", "pays_up_to", "text"}],
                           "best_k": [best_k_per_concurrency's entries: "concurrency", "k" (0 = off), "speedup",
                                      "speedup_ci95", "indistinguishable", "pays", ...]}},
-     "scheduled": {"draft", "schedule": [[start, end, K], ...], "cells": [cells with "k": "scheduled"]} | None,
+     "scheduled": {"draft", "bands", "schedule": [[start, end, K], ...], "cells": [cells with "k": None and
+                   "column": "scheduled"], "tracking", "tracks", ["error"]} | None,
+     "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}]} | None,
      "capacity": eval/capacity.py capacity_at_slo (with serve.slo_tpot_ms / slo_ttft_ms) | None,
      "warnings", "plots", "logs"}
 
@@ -53,7 +55,7 @@ from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_units, compare_reference,  # noqa: F401
                                           decision_level, k_bands, make_cell, merge_passes, summarize,
                                           summary_lines)
-from draftsmith.eval.settings import ServingSettings
+from draftsmith.eval.settings import ServingSettings, candidate_name
 
 SCHEMA_VERSION = 1
 TWO_SERVERS_GPU_SHARE = 0.45  # serve.interleave on a GPU without serve.gpu_memory_utilization: each server's share
@@ -220,12 +222,18 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     cells += _cells(name, kk, spec_runs, plain, reference)
             if plain_url is not None:
                 more_passes(plain_url)
-            scheduled = schedule_to_measure(cells, drafts, k)
+            scheduled = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
             if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
+                from draftsmith.serve.errors import VllmError
+
                 log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
                     f"{describe_schedule(scheduled['schedule'])}")
-                spec_runs, plain = measure(scheduled["draft"], str(drafts[scheduled["draft"]]), None,
-                                           scheduled["schedule"], plain_url=plain_url)
+                try:
+                    spec_runs, plain = measure(scheduled["draft"], str(drafts[scheduled["draft"]]), None,
+                                               scheduled["schedule"], plain_url=plain_url)
+                except VllmError as exc:  # e.g. a vLLM without num_speculative_tokens_per_batch_size
+                    scheduled.update(cells=[], tracking=[], tracks=None, error=str(exc).splitlines()[0])
+                    return
                 scheduled["cells"] = [{**c, "k": None, "column": "scheduled"}
                                       for c in _cells(scheduled["draft"], None, spec_runs, plain, reference)
                                       if c["concurrency"] is not None]
@@ -242,6 +250,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             level = decision_level(levels, decide.get("concurrency"))[0]
             added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
             for name, kk in undecided_serving(cells, drafts, level, decide):
+                if (name, kk) not in undecided_serving(cells, drafts, level, decide):
+                    continue  # settled by the passes another cell took (the champion difference)
                 spec_runs, plain = raw[(name, kk)]
                 taken = 0
                 with server(f"{_slug(name)}-k{kk}-more", str(drafts[name]), kk) as srv:
@@ -273,7 +283,9 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
                "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
-               "warnings": warnings_of(cells), "logs": logs,
+               "warnings": warnings_of(cells + ((scheduled or {}).get("cells") or []))
+               + ([f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
+                   "exports a static K)"] if (scheduled or {}).get("error") else []), "logs": logs,
                "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}
     serving["plots"] = plot_serving(serving, out)
     write_serving(out, serving)
@@ -282,12 +294,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
 def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: dict) -> list[tuple[str, int]]:
     """The (draft, K) cells at concurrency `level` whose verdict more passes could settle: for the promotion
-    candidate (the trained draft, else the first) and the production draft, every K that could be chosen there
+    candidate (eval/settings.py candidate_name) and the production draft, every K that could be chosen there
     (best_k_per_concurrency's indistinguishable K) whose speedup interval straddles (or has none against) a bar
     of ``decide["at"]``; and both chosen cells when the interval of their paired difference straddles
     ``decide["margin"]``."""
-    candidate = "trained" if "trained" in drafts else next(iter(drafts), None)
-    names = [n for n in (candidate, "production") if n in drafts]
+    names = [n for n in (candidate_name(drafts), "production") if n in drafts]
     todo, chosen = [], {}
     for name in names:
         here = {c["k"]: c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None
@@ -308,12 +319,12 @@ def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: dict)
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:
-    """{"draft", "bands", "schedule"} of the promotion candidate (the trained draft, else the first) when its best K
+    """{"draft", "bands", "schedule"} of the promotion candidate (eval/settings.py candidate_name) when its best K
     (best_k_per_concurrency) differs between the measured levels — the schedule a promotion would export
     (serve/schedule.py) — else None: one static K (or off everywhere) is already a measured column."""
-    name = "trained" if "trained" in drafts else next(iter(drafts), None)
+    name = candidate_name(drafts)
     mine = [c for c in cells if c["draft"] == name and c["concurrency"] is not None and c["k"] is not None]
-    if not mine or len(set(k)) < 1:
+    if not mine:
         return None
     bands = k_bands(best_k_per_concurrency(mine))
     ks = {b["k"] for b in bands}
@@ -348,7 +359,7 @@ def warnings_of(cells: list[dict]) -> list[str]:
     """What a reader must not miss: greedy mismatches (on vs off, vs draftsmith's loop) and failed requests."""
     warnings = []
     for c in cells:
-        where = (f"draft {c['draft']!r} K={c['k']} "
+        where = (f"draft {c['draft']!r} {'K=' + str(c['k']) if c.get('column') != 'scheduled' else 'scheduled'} "
                  + (f"concurrency {c['concurrency']}" if c["concurrency"] is not None else f"rate {c['request_rate']:g}/s"))
         if c["outputs_equal"] is False:
             m = c["first_mismatch"]

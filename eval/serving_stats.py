@@ -8,11 +8,13 @@ off (``plain``), side by side. Names (one per quantity, as in serving.json and t
 - ``ttft_ms_p50/p95``, ``tpot_ms_p50/p95``, ``e2e_ms_p50/p95``: percentiles over requests;
 - ``speedup``: spec / plain ``output_tokens_per_s`` (> 1: speculation pays at this concurrency), pooled over
   the cell's passes (``serve.repeats``: every level driven that many times per server);
-- ``speedup_ci95``: its 95% interval — the paired bootstrap (eval/intervals.py) over requests (request i
-  of a level sends the same prompt on both sides) and passes of sum(plain e2e) / sum(spec e2e), which is
-  the throughput ratio of a closed loop in steady state (Little's law: throughput = concurrency x
-  tokens / e2e); scaled by speedup / that ratio so that it is centred on the throughput speedup.
-  ``timings`` keeps the per-pass, per-request e2e seconds it is taken over;
+- ``speedup_ci95``: its 95% interval — a bootstrap (eval/intervals.py nested_ratio_ci) of
+  sum(plain e2e) / sum(spec e2e), which is the throughput ratio of a closed loop in steady state (Little's
+  law: throughput = concurrency x tokens / e2e), resampling the passes (a slow spell slows a whole pass)
+  and then the requests within them (request i of a level sends the same prompt on both sides); scaled by
+  speedup / that ratio so that it is centred on the throughput speedup. With one pass (``serve.repeats=1``)
+  it is over requests only and leaves the pass-to-pass noise out. ``timings`` keeps the per-pass,
+  per-request e2e seconds it is taken over;
 - ``tpot_ratio``: spec / plain ``tpot_ms_p50`` (< 1: speculation makes each token faster);
 - ``acceptance_rate``: vLLM's accepted / drafted tokens over the cell (counter differences),
   the same quantity as draftsmith's ``acceptance_rate``; ``per_position_acceptance``: accepted at
@@ -29,7 +31,8 @@ import math
 from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
-from draftsmith.eval.intervals import ABOVE, BELOW, choose_k, format_ci, ratio, ratio_ci, units_from_passes, verdict
+from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, format_ci, nested_ratio_ci, ratio,  # noqa: F401
+                                      units_from_passes, verdict)
 from draftsmith.eval.load import LoadResult
 
 
@@ -123,13 +126,24 @@ def pass_latencies(loads: list[LoadResult]) -> list[list[Optional[float]]]:
 
 
 def speedup_interval(speedup: Optional[float], timings: dict) -> Optional[list[float]]:
-    """The 95% interval of a cell's throughput speedup from its paired latencies (module docstring), or None."""
+    """The 95% interval of a cell's throughput speedup from its paired latencies (module docstring), or None: the
+    passes resampled, then the requests within them (eval/intervals.py nested_ratio_ci), scaled by
+    speedup / latency ratio."""
     units = units_from_passes(timings["plain_s"], timings["spec_s"])
-    ci = ratio_ci(units)
+    passes = [[(p, s) for p, s in zip(plain, spec) if p is not None and s is not None]
+              for plain, spec in zip(timings["plain_s"], timings["spec_s"])]
+    ci = nested_ratio_ci(passes)
     if ci is None or speedup is None or not ratio(units):
         return None
     scale = speedup / ratio(units)
     return [ci[0] * scale, ci[1] * scale]
+
+
+def throughput_scale(cell: dict) -> float:
+    """speedup / latency ratio of a cell: the factor from its latency ratio to its throughput speedup."""
+    units = cell_units(cell)
+    r = ratio(units) if units else 0.0
+    return cell["speedup"] / r if r and cell.get("speedup") else 1.0
 
 
 def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult], plain: LoadResult | list[LoadResult],
@@ -205,7 +219,9 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
             continue
         units = {k: cell_units(c) for k, c in here.items()}
         if all(units.values()):
-            choice = choose_k(units)
+            choice = choose_k(units, speeds={k: c["speedup"] for k, c in here.items()},
+                              intervals={k: c.get("speedup_ci95") for k, c in here.items()},
+                              scales={k: throughput_scale(c) for k, c in here.items()})
         else:  # cells written before intervals: the fastest K
             k = max(here.values(), key=lambda c: (c["speedup"], -c["k"]))["k"]
             choice = {"k": k, "indistinguishable": [k]}

@@ -71,7 +71,14 @@ class EvalSettings:
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
 
 
-SERVABLE_DRAFTS = ("trained", "base", "production")  # the names the pipeline gives its eval's drafts
+SERVABLE_DRAFTS = ("trained", "base", "production", "candidate")  # the eval's draft names; "candidate": the one
+# promotion decides on (candidate_name)
+
+
+def candidate_name(names) -> Optional[str]:
+    """The draft a promotion decides on among the eval's (or the A/B's) drafts: the trained draft, else the base
+    draft (None: neither)."""
+    return "trained" if "trained" in names else ("base" if "base" in names else None)
 
 
 @dataclass(kw_only=True)
@@ -89,14 +96,14 @@ class ServingSettings(ServerSettings):
     engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when serve.python imports it, else none)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])  # closed-loop clients, one cell each
     drafts: list[str] = field(default_factory=list)  # which of the eval's drafts to serve (trained, base,
-    # production); [] = all of them. Each is one vLLM server per K: on a CPU a server costs minutes
+    # production, candidate = trained else base); [] = all of them. Each is one vLLM server per K: minutes on a CPU
     k: list[int] = field(default_factory=list)  # the K of the spec servers; [] = eval.k
     request_rate: list[float] = field(default_factory=list)  # open-loop Poisson arrivals (requests/s); [] = none
     max_tokens: int = 64  # output tokens per request
     ignore_eos: bool = True  # every request produces exactly max_tokens tokens
     max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
     warmup: int = 2  # unrecorded requests after each server start
-    repeats: int = 1  # passes over every level per server (the speedup's interval is over requests and passes)
+    repeats: int = 2  # passes over every level per server (the interval resamples passes, then requests)
     max_repeats: int = 3  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
     interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
     # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless

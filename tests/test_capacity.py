@@ -172,6 +172,6 @@ def test_lines_and_markdown_carry_the_numbers():
     assert "| vanilla | 2 | 8 | 155.0 | 4 | 220.0 | 0.70x |  |" in md
     assert "- trained best at the target: K=2 (concurrency 8, 310 tok/s; 1.41x)" in md
     assert "- vanilla best at the target: off (concurrency 4, 220 tok/s)" in md
-    assert "repeated" in md and "every measured level below it" in md
+    assert "measured beside each row" in md and "every measured level below it" in md
     none = capacity_markdown(capacity_at_slo(cells, slo_tpot_ms=15))
     assert "| trained | 2 | 2 | 200.0 | not met | - | - |  |" in none

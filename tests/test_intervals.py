@@ -57,6 +57,7 @@ def test_the_interval_is_seeded():
 def test_units_from_passes_pairs_by_position_and_drops_missing_sides():
     units = units_from_passes([[1.0, 2.0, None], [3.0, 4.0, 5.0]], [[0.5, 1.0, 1.0], [1.5, None, 2.5]])
     assert units == [[(1.0, 0.5), (3.0, 1.5)], [(2.0, 1.0)], [(5.0, 2.5)]]
+    assert units_from_passes([[1.0, None]], [[0.5, 1.0]]) == [[(1.0, 0.5)], []]
     with pytest.raises(ValueError, match="passes"):
         units_from_passes([[1.0]], [])
 
@@ -75,7 +76,25 @@ def test_difference_of_identical_cells_is_zero_and_of_shifted_cells_excludes_zer
     b = [[(p, s * 1.5) for p, s in unit] for unit in a]  # every spec time 1.5x longer: ratio 1.5 -> 1.0
     lo, hi = difference_ci(a, b)
     assert 0.4 < lo <= hi < 0.6
-    assert difference_ci(a, b[:-1]) is None  # not the same units
+    lo2, hi2 = difference_ci(a, [[]] + b[1:])  # a prompt lost on one side: the others still pair by index
+    assert 0.4 < lo2 <= hi2 < 0.6
+    assert difference_ci(a[:1], b[:1]) is not None  # one prompt, two passes each: the passes pair up
+    assert difference_ci([[(1.0, 1.0)]], [[(1.0, 0.5)]]) is None  # one pair: nothing to resample
+
+
+def test_units_keep_their_index_when_a_request_failed():
+    units = units_from_passes([[1.0, None, 3.0]], [[0.5, 1.0, 1.5]])
+    assert units == [[(1.0, 0.5)], [], [(3.0, 1.5)]]  # unit 2 is still request 2
+    assert ratio(units) == pytest.approx(2.0) and ratio_ci(units) == [pytest.approx(2.0), pytest.approx(2.0)]
+
+
+def test_a_k_too_noisy_to_tell_apart_is_not_chosen_over_one_that_clearly_pays():
+    steady = {4: [[(1.31, 1.0)] for _ in range(8)]}
+    noisy = [[(p, 1.0)] for p in (0.6, 1.6, 0.7, 1.5, 0.8, 1.4, 0.9, 1.14)]  # 1.08, interval ~[0.8, 1.3]
+    choice = choose_k({**steady, 2: noisy})
+    assert choice["k"] == 4 and choice["indistinguishable"] == [4]
+    close = [[(1.30 + 0.02 * (i % 2), 1.0)] for i in range(8)]  # 1.31 give or take 0.01: no different from K=4
+    assert choose_k({**steady, 2: close})["k"] == 2
 
 
 def test_choose_k_takes_the_smallest_indistinguishable_k():

@@ -59,7 +59,7 @@ def test_pipeline_end_to_end_skips_by_hash_and_registers(pair, tmp_path, monkeyp
     assert promotion["promote"] and promotion["registry"]["version"] == 1
     # decided on the interval: its lower bound clears promote.min_speedup; the eval says how many passes it took
     assert promotion["decision"] == "promoted" and promotion["rule"] == "speedup interval"
-    assert promotion["candidate"]["speedup_ci95"][0] >= 1.1
+    assert promotion["candidate"]["speedup_ci95"][0] >= 0.01  # tiny_args' promote.min_speedup
     assert promotion["measurement"]["eval"]["stopped"] in ("decided", "eval.max_repeats=6 reached")
     reg = LocalRegistry(tmp_path / "registry")
     assert reg.aliases("tiny") == {"production": 1}

@@ -319,3 +319,25 @@ def test_eval_set_id_covers_the_decode_settings():
                        ("top_p", 0.9), ("target", "u"), ("draft_vocab", 8192)]:
         assert eval_set_id(SimpleNamespace(**{**vars(cfg), key: value}), prompts) != base, key
     assert eval_set_id(cfg, [torch.tensor([[1, 2, 4]])]) != base
+
+
+@pytest.mark.parametrize("gain, decision", [(0.30, "promoted"), (0.0, "inconclusive"), (-0.3, "refused")])
+def test_champion_measured_beside_is_judged_on_the_paired_difference(measured_v1, gain, decision):
+    """With per-prompt timings in metrics.json, candidate vs production is the interval of their paired
+    difference: a clear gain promotes, a tie is inconclusive (never promoted on a lucky pass), a loss refuses."""
+    out = measured_v1.candidate(2, 1.25 + gain)
+    path = out / "eval" / "metrics.json"
+    metrics = json.loads(path.read_text())
+    rng = random.Random(7)
+
+    def record(draft: str, speedup: float) -> dict:  # 8 prompts x 2 passes, noisy, at the summary's K and T
+        plain = [[1.0 + rng.uniform(-0.1, 0.1) for _ in range(8)] for _ in range(2)]
+        spec = [[p / speedup * (1 + rng.uniform(-0.05, 0.05)) for p in row] for row in plain]
+        return {"draft": draft, "k": 4, "temperature": 0.0, "timings": {"plain_s": plain, "spec_s": spec}}
+
+    metrics["records"] = [record("trained", 1.25 + gain), record("production", 1.25)]
+    path.write_text(json.dumps(metrics))
+    result = promote(config(), out, measured_v1.reg)
+    assert result["decision"] == decision and result["difference_ci95"] is not None
+    lo, hi = result["difference_ci95"]
+    assert lo <= gain + 0.1 and hi >= gain - 0.1  # around the true difference

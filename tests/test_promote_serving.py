@@ -252,3 +252,17 @@ def test_off_fails_even_when_min_speedup_allows_one_and_skips_the_champion():
         "without speculation"]
     assert decide(off | {"best_k": 2, "speedup_ci95": [0.95, 1.05], "serving": serving | {"outputs_unequal": ["cell x"]}},
                   Gates(min_speedup=0.9, require_greedy_match=False))["promote"]
+
+
+def test_a_serving_json_from_before_intervals_is_still_comparable():
+    """A recorded champion's serving.json written before serve.repeats / interleave / max_repeats / slo_* existed
+    ran the same measurement: only settings that change what a cell measures count."""
+    from draftsmith.promote import _setting_differences
+
+    now = {"vllm": {"version": "0.32.0"}, "dtype": "float32", "prompts": 32,
+           "settings": asdict(ServingSettings(engine="vllm", slo_tpot_ms=50.0))}
+    old_settings = {k: v for k, v in now["settings"].items()
+                    if k not in ("repeats", "max_repeats", "interleave", "slo_tpot_ms", "slo_ttft_ms")}
+    assert _setting_differences({**now, "settings": old_settings}, now) == []
+    other = {**now, "settings": {**now["settings"], "max_tokens": 128}}
+    assert _setting_differences(other, now) == ["serve.max_tokens"]

@@ -175,26 +175,28 @@ def test_run_serving_ab_launches_plain_and_spec_servers(fake, tmp_path):
     assert serving["vllm"] == {"version": "0.0-fake", "device": "cpu"}
     assert [(c["k"], c["concurrency"]) for c in serving["cells"]] == [(2, 1), (2, 2), (3, 1), (3, 2)]
     assert all(c["outputs_equal"] and len(c["per_position_acceptance"]) == c["k"] for c in serving["cells"])
-    assert serving["logs"] == ["serving_logs/plain.log", "serving_logs/trained-k2.log", "serving_logs/trained-k3.log"]
+    scheduled = ["serving_logs/trained-scheduled.log"] if serving["scheduled"] else []  # best K differs by level
+    assert serving["logs"] == ["serving_logs/plain.log", "serving_logs/trained-k2.log", "serving_logs/trained-k3.log",
+                               *scheduled]
     log = (tmp_path / "eval" / "serving_logs" / "trained-k3.log").read_text()
     assert '"num_speculative_tokens": 3' in log and '"model": "/models/d"' in log
-    assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 and all_gone(tmp_path / "pids")
+    assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 + len(scheduled) and all_gone(tmp_path / "pids")
 
 
 def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_undecided(fake, tmp_path, monkeypatch):
     """serve.max_repeats: the undecided cell's server is started again and driven at the decision level only, a
-    pass at a time, beside the plain server, until its verdict is decided (here: after two calls say undecided)."""
+    pass at a time, beside the plain server, until its verdict is decided (here: after one added pass)."""
     from draftsmith.eval import serving as serving_mod
 
     calls = []
 
     def undecided(cells, drafts, level, decide):
         calls.append(level)
-        return [("trained", 2)] if len(calls) <= 2 else []
+        return [("trained", 2)] if len(calls) <= 3 else []  # the list, the re-check, one pass; then decided
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
     settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
-                               python=str(fake), startup_timeout_s=30, max_repeats=3)
+                               python=str(fake), startup_timeout_s=30, repeats=1, max_repeats=3)
     decide = {"at": [1.0, 1.1], "concurrency": 2, "margin": None}
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
