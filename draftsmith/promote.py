@@ -300,7 +300,7 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
 # settings that do not change a cell's figures: which levels were run, and those that say only where or how the
 # servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
 # and those that change how precisely a cell is measured or what is summarised from it, not what it measures
-_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "slo_tpot_ms",
+_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "fresh_servers", "slo_tpot_ms",
                         "slo_ttft_ms", *where_settings(ServingSettings))
 
 

@@ -213,13 +213,32 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, log=log)
                 return drive(srv.url, prompts, settings, spec=True, log=log), plain_runs
 
-        def every_server(plain_url: Optional[str]):
-            nonlocal cells, scheduled
+        def fresh_passes(name: str, path: str, kk: int):
+            """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
+            runs: tuple = ({}, {})
+            for r in range(settings.repeats):
+                with server(f"plain-{_slug(name)}-k{kk}-pass{r + 1}") as plain_srv, \
+                        server(f"{_slug(name)}-k{kk}-pass{r + 1}", path, kk) as srv:
+                    runs = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url, passes=1,
+                                 into=runs, log=log)
+            return runs
+
+        def main_cells(plain_url: Optional[str]):
+            nonlocal cells
             for name, path in drafts.items():
                 for kk in k:
-                    spec_runs, plain = measure(name, str(path), kk, plain_url=plain_url)
+                    spec_runs, plain = (fresh_passes(name, str(path), kk) if settings.fresh_servers
+                                        else measure(name, str(path), kk, plain_url=plain_url))
                     raw[(name, kk)] = (spec_runs, plain)
                     cells += _cells(name, kk, spec_runs, plain, reference)
+
+        def every_server(plain_url: Optional[str]):
+            if not settings.fresh_servers:
+                main_cells(plain_url)
+            after_main(plain_url)
+
+        def after_main(plain_url: Optional[str]):
+            nonlocal scheduled
             if plain_url is not None:
                 more_passes(plain_url)
             scheduled = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
@@ -269,7 +288,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                        "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
 
         added = None
-        if settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
+        if settings.fresh_servers:  # the main cells start their own servers per pass; then one plain server for the
+            main_cells(None)        # added passes and the scheduled column
+            with server("plain") as plain_srv:
+                every_server(plain_srv.url)
+        elif settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
             with server("plain") as plain_srv:
                 every_server(plain_srv.url)
         else:  # one server at a time: the plain passes first, shared by every cell

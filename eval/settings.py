@@ -108,6 +108,9 @@ class ServingSettings(ServerSettings):
     interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
     # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
     # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
+    fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
+    # that the interval also sees what changes from one server start to the next (BENCHMARKS.md: 10-20% on a CPU);
+    # costs two server starts per pass
     slo_tpot_ms: Optional[float] = None  # p95 TPOT target: the capacity at it (eval/capacity.py) in serving.json
     slo_ttft_ms: Optional[float] = None  # p95 TTFT target, likewise (both: both must hold)
     seed: int = 0  # the Poisson arrival times
@@ -130,6 +133,8 @@ class ServingSettings(ServerSettings):
         check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
         check(isinstance(self.repeats, int) and self.repeats >= 1, f"serve.repeats must be an integer >= 1, got {self.repeats!r}")
+        check(not self.fresh_servers or self.interleave,
+              "serve.fresh_servers=true starts a plain server beside each spec server: it needs serve.interleave=true")
         check(isinstance(self.max_repeats, int) and self.max_repeats >= self.repeats,
               f"serve.max_repeats must be an integer >= serve.repeats ({self.repeats}), got {self.max_repeats!r}")
         for key in ("slo_tpot_ms", "slo_ttft_ms"):

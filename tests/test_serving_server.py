@@ -209,3 +209,17 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
     assert by_level[2]["repeats"] == 2 and by_level[1]["repeats"] == 1  # only the decision level was re-measured
     assert len(by_level[2]["timings"]["plain_s"]) == 2 == len(by_level[2]["timings"]["spec_s"])  # paired passes
     assert "serving_logs/trained-k2-more.log" in serving["logs"] and all_gone(tmp_path / "pids")
+
+
+def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_path):
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=2, fresh_servers=True)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lambda *_: None)
+    assert serving["logs"][:4] == ["serving_logs/plain-trained-k2-pass1.log", "serving_logs/trained-k2-pass1.log",
+                                   "serving_logs/plain-trained-k2-pass2.log", "serving_logs/trained-k2-pass2.log"]
+    (cell,) = serving["cells"]
+    assert cell["repeats"] == 2 and len(cell["timings"]["plain_s"]) == 2 and cell["speedup_ci95"] is not None
+    assert all_gone(tmp_path / "pids")
+    with pytest.raises(Exception, match="serve.fresh_servers=true .* needs serve.interleave=true"):
+        ServingSettings(fresh_servers=True, interleave=False)
