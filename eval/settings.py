@@ -133,6 +133,9 @@ class ServingSettings(ServerSettings):
         check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
         check(isinstance(self.repeats, int) and self.repeats >= 1, f"serve.repeats must be an integer >= 1, got {self.repeats!r}")
+        check(not (self.interleave and self.url is None and (self.gpu_memory_utilization or 0) > 0.5),
+              f"serve.gpu_memory_utilization={self.gpu_memory_utilization} with serve.interleave=true: two servers "
+              "run at once (plain beside spec), so each may take at most 0.5; lower it or set serve.interleave=false")
         check(not self.fresh_servers or self.interleave,
               "serve.fresh_servers=true starts a plain server beside each spec server: it needs serve.interleave=true")
         check(isinstance(self.max_repeats, int) and self.max_repeats >= self.repeats,

@@ -287,3 +287,12 @@ def test_undecided_serving_names_the_cells_more_passes_could_settle():
     prod = timed("production", 2, 4, [1.4, 1.7, 1.5, 1.55])
     both = undecided_serving([clear, prod], {"trained": "d", "production": "p"}, 4, decide | {"margin": 0.02})
     assert both == [("trained", 2), ("production", 2)]
+
+
+def test_interleaved_servers_must_both_fit():
+    from draftsmith.artifacts.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"serve.gpu_memory_utilization=0.9 with serve.interleave=true"):
+        ServingSettings(gpu_memory_utilization=0.9)
+    ServingSettings(gpu_memory_utilization=0.9, interleave=False)  # one server at a time
+    ServingSettings(gpu_memory_utilization=0.45)
