@@ -88,6 +88,21 @@ def perturbed_copy(model: torch.nn.Module, scale: float, seed: int = 123) -> tor
     return other.eval()
 
 
+def save_vllm_pair(root) -> tuple:
+    """A tiny Llama target and a 1-layer draft cut from a perturbed copy of it, saved with the tokenizer under
+    root/target and root/draft, for a real vLLM server (hidden 128: vLLM's smallest CPU head_dim, as in
+    tests/test_serving_vllm.py) -> (target dir, draft dir)."""
+    tokenizer = make_tokenizer()
+    target = make_model("llama", seed=0, hidden=128)
+    draft = make_model("llama", seed=0, hidden=128, layers=1)
+    noisy = perturbed_copy(target, 0.3).state_dict()
+    draft.load_state_dict({k: v for k, v in noisy.items() if k in draft.state_dict()})
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
 ARCHS = ["llama", "qwen2", "gpt2"]
 
 

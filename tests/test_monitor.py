@@ -472,20 +472,13 @@ def test_cli_watches_a_scheduled_version_without_a_false_drift_alert(tmp_path, c
 # -- a real vLLM server on the tiny pair (slow) --------------------------------------------------------
 @pytest.mark.slow
 def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
-    from conftest import make_model, make_tokenizer, perturbed_copy, prompts
+    from conftest import prompts, save_vllm_pair
     from draftsmith.serve.metrics import counters_delta, scrape_metrics
     from draftsmith.serve.server import ServerSpec, VllmServer
     from draftsmith.eval.load import run_load
     from draftsmith.serve.client import served_model
 
-    tokenizer = make_tokenizer()
-    target = make_model("llama", seed=0, hidden=128)  # as tests/test_serving_vllm.py: vLLM's smallest CPU head_dim
-    draft = make_model("llama", seed=0, hidden=128, layers=1)
-    noisy = perturbed_copy(target, 0.3).state_dict()
-    draft.load_state_dict({k: v for k, v in noisy.items() if k in draft.state_dict()})
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
+    save_vllm_pair(tmp_path)
     ids = [p[0].tolist() for p in prompts(6, seed=1)]
     spec = ServerSpec(model=str(tmp_path / "target"), draft=str(tmp_path / "draft"), k=2, python=vllm_python(),
                       kvcache_gib=1)

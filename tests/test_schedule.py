@@ -5,7 +5,6 @@ and (slow) accepted by vLLM's own validator and served by a real vLLM server."""
 import json
 import subprocess
 import textwrap
-import urllib.request
 
 import pytest
 from test_registry import PROMOTION, fake_draft
@@ -255,29 +254,15 @@ def test_vllms_own_validator_accepts_the_built_schedules(vllm_info):
                 assert dense[level] == band["k"]
 
 
-def completion(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True}).encode()
-    request = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 @pytest.mark.slow
 def test_a_real_vllm_server_speculates_under_the_schedule(vllm_info, tmp_path):
-    from conftest import make_model, make_tokenizer, perturbed_copy, prompts
+    from conftest import prompts, save_vllm_pair
+    from draftsmith.eval.load import run_load
     from draftsmith.serve.client import served_model
     from draftsmith.serve.metrics import counters_delta, scrape_metrics
     from draftsmith.serve.server import VllmServer
 
-    tokenizer = make_tokenizer()
-    target = make_model("llama", seed=0, hidden=128)  # as tests/test_serving_vllm.py: vLLM's smallest CPU head_dim
-    draft = make_model("llama", seed=0, hidden=128, layers=1)
-    noisy = perturbed_copy(target, 0.3).state_dict()
-    draft.load_state_dict({k: v for k, v in noisy.items() if k in draft.state_dict()})
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
+    save_vllm_pair(tmp_path)
     schedule = batch_size_schedule([{"from": 1, "to": 1, "k": 2}, {"from": 2, "k": 0}])
     assert schedule == [[1, 1, 2], [2, 2, 0]]
     spec = ServerSpec(model=str(tmp_path / "target"), draft=str(tmp_path / "draft"), schedule=schedule,
@@ -285,11 +270,12 @@ def test_a_real_vllm_server_speculates_under_the_schedule(vllm_info, tmp_path):
     with VllmServer(spec, log_path=tmp_path / "vllm.log", startup_timeout_s=300) as server:
         before = scrape_metrics(server.url)
         model = served_model(server.url)
-        answers = [completion(server.url, model, p[0].tolist(), 12) for p in prompts(2, seed=1)]  # one at a time
+        load = run_load(server.url, model, [p[0].tolist() for p in prompts(2, seed=1)], num_requests=2,
+                        max_tokens=12, concurrency=1)  # one at a time: batch size 1
         counters = counters_delta(before, scrape_metrics(server.url))
     log = (tmp_path / "vllm.log").read_text()
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 0]]' in log  # what the server was given
-    assert all(a["usage"]["completion_tokens"] == 12 for a in answers)
+    assert all(r.error is None and r.output_tokens == 12 for r in load.requests)
     print(json.dumps({"drafts": counters.drafts, "draft_tokens": counters.draft_tokens,
                       "accepted": counters.accepted_tokens, "per_pos": counters.accepted_per_pos}))
     assert counters.drafts > 0  # batch size 1: K=2 drafts
