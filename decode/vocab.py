@@ -19,8 +19,9 @@ sampling filters and verification are the same code with or without a reduced vo
 the head computes only the kept rows (lean) or its full logits are masked (hf) is decided in
 decode/runners.py.
 
-Pure functions; :func:`frequency_vocab` ranks tokens from datagen rows (lists of ids), with no
-dataset library.
+:func:`frequency_vocab` ranks tokens from datagen rows (lists of ids), a pure function;
+:func:`datagen_vocab` reads them from a datagen output, so that the eval's runners and training's
+reduced head (``method.reduced_head``) restrict the draft to the same ids.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+
+from draftsmith.artifacts.errors import UserError
 
 VOCAB_FILE = "draft_vocab.json"
 
@@ -115,3 +118,38 @@ def load_vocab(path: str | Path) -> torch.Tensor:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a draft vocabulary file ({err}); write it with decode.vocab.save_vocab") from err
     return torch.tensor(ids, dtype=torch.long)
+
+
+class DraftVocabError(UserError, ValueError):
+    """A draft vocabulary cannot be built from what was given; the message names the key and says what to do."""
+
+
+def datagen_vocab(data_dir: str | None, size: int, width: int, eos, *,
+                  key: str = "eval.draft_vocab") -> tuple[torch.Tensor, dict]:
+    """The `size` ids the target says most often in the datagen train split at `data_dir` -> (ids, info).
+
+    Ranked by :func:`frequency_vocab` from the target's completions, its top-8 alternatives at each
+    position (when datagen kept top-k log-probs) and the prompts; `eos` (an id, a list, or None) is
+    always kept. info: {"size", "source", "ranked_from_tokens" (train completion tokens),
+    "heldout_coverage" (share of the held-out completions' tokens in the vocabulary: the most a draft
+    restricted to it can match)}. `key` is the setting that asked, named in the error.
+    """
+    from draftsmith.artifacts.formats import read_datagen
+    from draftsmith.decode.eos import as_id_list
+
+    if data_dir is None or not (Path(data_dir) / "manifest.json").exists():
+        raise DraftVocabError(
+            f"{key}={size} ranks tokens by what the target says in a datagen output's train split, and "
+            f"{'this run has none (its prompts come from data.prompts)' if data_dir is None else str(data_dir) + ' is not one'}"
+            f"; run the datagen stage (stages=[datagen,...]) or set eval.draft_vocab=0 (the full vocabulary)")
+    data, _ = read_datagen(data_dir, splits=("train",))
+    train = data["train"]
+    alternatives = train["topk_ids"] if "topk_ids" in train.column_names else ()
+    alternatives = [[position[:8] for position in row] for row in alternatives]  # the target's top-8 at each position
+    ids = frequency_vocab(train["completion_ids"], size, width, alternatives=alternatives,
+                          prompts=train["prompt_ids"], always=as_id_list(eos))
+    heldout = data["heldout"]["completion_ids"] if "heldout" in data else []
+    info = {"size": int(ids.numel()), "source": str(data_dir),
+            "ranked_from_tokens": sum(len(r) for r in train["completion_ids"]),
+            "heldout_coverage": coverage(ids, heldout)}
+    return ids, info

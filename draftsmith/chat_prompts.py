@@ -6,6 +6,13 @@ their docstrings (read with :mod:`ast`, nothing is imported). Each record is
 ``{"messages": [{"role": "user", "content": ...}]}``, so the target's own chat template renders
 it (``data.messages_field``, the default ``messages``). The set is deterministic for a seed;
 held-out prompts are chosen by text hash as for any prompt file.
+
+With ``data.demo_scored=N`` the file also holds N conversations whose answer is given: passages of
+the language reference that every Python ships (:mod:`pydoc_data.topics`, what ``help("if")``
+prints) as the assistant's turn after a question naming the topic. Under ``data.responses=auto`` the
+target scores those answers (one teacher-forced forward each, prefill speed) instead of writing
+them (decode speed), so a fixed datagen budget sees several times more of the target's
+distributions (issue 19; BENCHMARKS.md "A draft that pays on a real model").
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
+import textwrap
 import sysconfig
 from pathlib import Path
 
@@ -82,8 +91,61 @@ def stdlib_chat_records(n: int, seed: int = 0) -> list[dict]:
     return records
 
 
-def write_stdlib_chat_prompts(path: str | Path, n: int, seed: int = 0) -> Path:
-    """Write :func:`stdlib_chat_records` as JSONL to `path` (atomically); returns the path."""
-    records = stdlib_chat_records(n, seed)
+PASSAGE_QUESTIONS = (
+    "Explain the Python language topic `{topic}`.",
+    "What does the Python reference say about `{topic}`?",
+    "Tell me about `{topic}` in Python.",
+)
+
+
+def _unwrap(para: str) -> str:
+    """A reference paragraph as a chat answer would write it: prose (every line at one indent) on one line, a code
+    or grammar block (lines at several indents) dedented with its lines kept."""
+    lines = [line.rstrip() for line in para.strip("\n").splitlines()]
+    indents = {len(line) - len(line.lstrip()) for line in lines if line.strip()}
+    if len(indents) <= 1:
+        return " ".join(line.strip() for line in lines if line.strip())
+    return textwrap.dedent("\n".join(lines))
+
+
+def reference_passages(chars: int = 260) -> list[tuple[str, str]]:
+    """(topic, passage) from the language reference (:mod:`pydoc_data.topics`): its paragraphs, neighbours merged up
+    to ~`chars` characters (~64 tokens of English), longer ones cut at a sentence or word boundary."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for topic in sorted(topics):
+        current = ""
+        for para in re.split(r"\n\s*\n", topics[topic]):
+            para = _unwrap(para)
+            while len(para) > chars:  # a long paragraph: its head up to the last sentence (else word) end
+                cut = para.rfind(". ", 0, chars)
+                cut = cut + 1 if cut > chars // 3 else para.rfind(" ", 0, chars)
+                cut = cut if cut > 0 else chars
+                out.append((topic, para[:cut].strip()))
+                para = para[cut:].strip()
+            if current and len(current) + len(para) + 1 > chars:
+                out.append((topic, current))
+                current = ""
+            current = f"{current}\n\n{para}".strip() if para.strip() else current
+        if len(current) > 40:
+            out.append((topic, current))
+    return [(t, p) for t, p in out if len(p) > 40]
+
+
+def reference_passage_records(n: int, seed: int = 0) -> list[dict]:
+    """`n` chat records whose last turn is the assistant's: a language-reference passage answering a question about
+    its topic (fewer if the reference holds fewer passages)."""
+    rng = random.Random(seed + 1)
+    passages = reference_passages()
+    rng.shuffle(passages)
+    return [{"messages": [{"role": "user", "content": rng.choice(PASSAGE_QUESTIONS).format(topic=topic)},
+                          {"role": "assistant", "content": passage}]} for topic, passage in passages[:n]]
+
+
+def write_stdlib_chat_prompts(path: str | Path, n: int, seed: int = 0, scored: int = 0) -> Path:
+    """Write :func:`stdlib_chat_records` (and `scored` :func:`reference_passage_records`) as JSONL to `path`
+    (atomically); returns the path."""
+    records = stdlib_chat_records(n, seed) + reference_passage_records(scored, seed)
     write_text(path, "".join(json.dumps(r) + "\n" for r in records))
     return Path(path)

@@ -83,6 +83,9 @@ class DataSection(DatagenSettings):
     """``data.*``: the datagen settings (train/settings.py) plus where the pipeline finds and keeps prompts."""
 
     demo_prompts: int = 480  # number of built-in prompts (data.prompts=demo or stdlib-chat)
+    # data.prompts=stdlib-chat: this many language-reference passages (pydoc_data) as given answers besides the
+    # prompts, which the target scores (data.responses=auto or given) instead of writing
+    demo_scored: int = 0
     cache_dir: Optional[str] = None  # share datagen outputs between runs (sweeps: <sweep dir>/.datagen by default)
 
 
@@ -240,6 +243,13 @@ def validate(cfg: DraftsmithConfig) -> None:
             and cfg.data.top_k_logprobs < 1:
         raise ConfigError(f"method.teacher=cached with method.loss={cfg.method.loss} needs the target's log-probs: "
                           "set data.top_k_logprobs > 0 (e.g. 32) or method.teacher=online")
+    if cfg.data.demo_scored and (cfg.data.prompts != "stdlib-chat" or cfg.data.responses != "auto"):
+        raise ConfigError(f"data.demo_scored={cfg.data.demo_scored} adds language-reference answers for the target to "
+                          "score to data.prompts=stdlib-chat: it needs data.prompts=stdlib-chat and data.responses=auto "
+                          f"(got data.prompts={cfg.data.prompts!r}, data.responses={cfg.data.responses!r})")
+    if "train" in cfg.stages and cfg.method.reduced_head and not cfg.eval.draft_vocab:
+        raise ConfigError("method.reduced_head trains the draft's head on the ids of eval.draft_vocab, which is 0 "
+                          "(the full vocabulary): set eval.draft_vocab=N (e.g. 8192) or method.reduced_head=false")
     from draftsmith.demo import PRESETS
 
     check_choice("demo.preset", cfg.demo.preset, tuple(PRESETS))

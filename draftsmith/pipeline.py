@@ -94,7 +94,7 @@ class Pipeline:
         if prompts == STDLIB_CHAT:
             self.out.mkdir(parents=True, exist_ok=True)
             return str(write_stdlib_chat_prompts(self.out / "stdlib_chat_prompts.jsonl", n=self.cfg.data.demo_prompts,
-                                                 seed=self.cfg.data.seed))
+                                                 seed=self.cfg.data.seed, scored=self.cfg.data.demo_scored))
         if prompts != DEMO:
             return prompts
         from draftsmith.demo import write_domain_prompts
@@ -227,6 +227,9 @@ class Pipeline:
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
         section = {"draft": draft, "method": figures_of(cfg.method)}
+        draft_vocab = cfg.eval.draft_vocab if cfg.method.reduced_head else 0  # the head trained on the eval's ids
+        if draft_vocab:
+            section["draft_vocab"] = draft_vocab
         inputs = {"datagen": self._upstream("datagen", self.out / "datagen")}
         digest = stage_digest("train", section, inputs)  # a crashed run resumes only under the same digest
         m = cfg.method
@@ -239,7 +242,8 @@ class Pipeline:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
             train_cfg = trainer.TrainConfig(**settings_of(m, TrainSettings), data_dir=str(self.out / "datagen"),
-                                            draft=draft, target=target, out_dir=str(out), **self.tracker.train_kwargs())
+                                            draft=draft, target=target, out_dir=str(out), draft_vocab=draft_vocab,
+                                            **self.tracker.train_kwargs())
             try:
                 trainer.run(train_cfg)
             except Exception as exc:

@@ -32,11 +32,10 @@ from draftsmith.decode.eos import eos_token_id
 from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
-from draftsmith.decode.vocab import VOCAB_FILE, save_vocab
+from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
-from draftsmith.eval.vocab import datagen_vocab
 
 SCHEMA_VERSION = 1
 

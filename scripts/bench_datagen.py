@@ -13,6 +13,14 @@ the JSON adds the vLLM / HF ratio, the identical completions and the largest top
 difference over the positions where both engines chose the same tokens.
 
     python scripts/bench_datagen.py --engine hf vllm     # vLLM from $DRAFTSMITH_VLLM_PYTHON or ./.venv-vllm
+
+With ``--score`` it measures what ``data.responses=given`` costs against generating: the HF engine generates
+greedy responses for the prompts (generated tokens/s), then scores those same responses with one teacher-forced
+forward per row (scored tokens/s), the two interleaved over the repeats; the JSON adds the scored / generated
+ratio, the largest difference between the top-k log-probs recorded while generating and those scored, and
+whether the top-k ids agree.
+
+    python scripts/bench_datagen.py --score --batch-size 16
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import torch  # noqa: E402
 from draftsmith.decode.pair import load_model, load_tokenizer  # noqa: E402
 from draftsmith.demo import build_demo_target, demo_prompts  # noqa: E402
 from draftsmith.decode.eos import pretrained_eos_ids  # noqa: E402
-from draftsmith.train.datagen import DatagenConfig, generate_all  # noqa: E402
+from draftsmith.train.datagen import DatagenConfig, generate_all, score_all  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -49,7 +57,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--engine", nargs="+", choices=["hf", "vllm"],
                     help="compare datagen engines (e.g. --engine hf vllm) instead of batched vs one at a time")
-    ap.add_argument("--top-k-logprobs", type=int, default=32, help="with --engine: datagen's data.top_k_logprobs")
+    ap.add_argument("--score", action="store_true",
+                    help="generate greedy responses, then score the same responses (data.responses=given), timed")
+    ap.add_argument("--top-k-logprobs", type=int, default=32,
+                    help="with --engine or --score: datagen's data.top_k_logprobs")
     ap.add_argument("--vllm-python", help="with --engine vllm: the interpreter that imports vllm (data.vllm.python)")
     args = ap.parse_args(argv)
 
@@ -59,6 +70,8 @@ def main(argv=None) -> dict:
     prompts = [p[0].tolist() for p in demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=7)]
     if args.engine:
         return compare_engines(args, target, tokenizer, model, prompts)
+    if args.score:
+        return compare_scoring(args, target, tokenizer, model, prompts)
 
     def config(batch_size: int) -> DatagenConfig:
         return DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
@@ -131,6 +144,38 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
                 (abs(x - y) for a, b, eq in zip(hf, vl, same) if eq
                  for xs, ys in zip(a["topk_logprobs"], b["topk_logprobs"]) for x, y in zip(xs, ys)), default=None)
             report["topk_ids_equal_positions"] = topk_ids_agreement(hf, vl, same)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def compare_scoring(args, target, tokenizer, model, prompts) -> dict:
+    """Generating greedy responses vs scoring the same responses (HF engine): tokens/s of each (median over repeats,
+    the order alternating), the scored / generated ratio, and how the scored top-k agree with those recorded while
+    generating; prints and returns the JSON."""
+    cfg = DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, top_k_logprobs=max(1, args.top_k_logprobs))
+    rates = {"generate": [], "score": []}
+    generated = scored = None
+    for rep in range(args.repeats):
+        for name in ["generate", "score"] if rep % 2 == 0 else ["score", "generate"]:  # repeat 0 generates first
+            start = time.perf_counter()
+            if name == "generate":
+                generated = generate_all(model, tokenizer, prompts, cfg, f"generate (repeat {rep + 1})")
+                rows = generated
+            else:
+                rows, _ = score_all(model, tokenizer, prompts, [r["completion_ids"] for r in generated], cfg,
+                                    f"score (repeat {rep + 1})")
+                scored = rows
+            rates[name].append(sum(len(r["completion_ids"]) for r in rows) / (time.perf_counter() - start))
+    tps = {k: statistics.median(v) for k, v in rates.items()}
+    pairs = [(x, y) for a, b in zip(generated, scored) for x, y in zip(a["topk_logprobs"], b["topk_logprobs"])]
+    report = {"target": target, "params": model.num_parameters(), "settings": vars(args),
+              "threads": torch.get_num_threads(), "tokens_per_s": tps, "tokens_per_s_all_repeats": rates,
+              "score_vs_generate": tps["score"] / tps["generate"],
+              "completion_tokens": sum(len(r["completion_ids"]) for r in generated),
+              "topk_logprobs_max_abs_diff": max((abs(u - v) for x, y in pairs for u, v in zip(x, y)), default=None),
+              "topk_ids_equal_positions": topk_ids_agreement(generated, scored, [True] * len(generated)),
+              "topk_ids_equal": all(a["topk_ids"] == b["topk_ids"] for a, b in zip(generated, scored))}
     print(json.dumps(report, indent=2))
     return report
 

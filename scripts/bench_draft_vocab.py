@@ -33,7 +33,7 @@ from draftsmith.decode.runners import logit_width  # noqa: E402
 from draftsmith.decode.timing import cost_ratios, mid_decode_context  # noqa: E402
 from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
 from draftsmith.eval.runner import heldout_prompts  # noqa: E402
-from draftsmith.eval.vocab import datagen_vocab  # noqa: E402
+from draftsmith.decode.vocab import datagen_vocab  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

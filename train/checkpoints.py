@@ -71,9 +71,22 @@ def tied_parameter_names(model) -> set[str]:
     return tied
 
 
-def save_checkpoint(accelerator, out_dir: Path, step: int, history: dict, keep: int, tied: set[str] = frozenset()) -> Path:
+BEST_PARAMS = "best_params.pt"  # the trainable parameters of the best held-out evaluation so far (method.keep_best)
+
+
+def load_best_params(checkpoint: Path) -> dict | None:
+    """The best parameters a checkpoint carries (None when it has none)."""
+    import torch
+
+    path = checkpoint / BEST_PARAMS
+    return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
+
+
+def save_checkpoint(accelerator, out_dir: Path, step: int, history: dict, keep: int, tied: set[str] = frozenset(),
+                    best_params: dict | None = None) -> Path:
     """save_state into a temporary folder, then rename; state.json marks it complete. `tied`: the model's tied
-    parameter names (:func:`tied_parameter_names`), whose removal accelerate need not warn about."""
+    parameter names (:func:`tied_parameter_names`), whose removal accelerate need not warn about; `best_params`:
+    the best held-out evaluation's trainable parameters, kept beside the state (:data:`BEST_PARAMS`)."""
     root = out_dir / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     if accelerator.is_main_process:
@@ -89,6 +102,10 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, history: dict, keep: 
         shared_logger.removeFilter(quiet)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if best_params is not None:
+            import torch
+
+            torch.save(best_params, tmp / BEST_PARAMS)
         write_json(tmp / "state.json", {"step": step, "history": history})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -10,17 +10,26 @@ Output (written atomically to ``cfg.out_dir``): a ``datasets.DatasetDict`` saved
     topk_ids         list[list[int]]    (top_k_logprobs > 0) the target's top-k token ids per completion position
     topk_logprobs    list[list[float]]  their log-probabilities (temperature 1, before any filter)
 
-and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, provenance);
-the format's reader and writer are draftsmith.artifacts.formats (every stage reads it there).
+and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, where the
+completions came from, provenance); the format's reader and writer are draftsmith.artifacts.formats (every
+stage reads it there).
 
 Two engines make the same rows (``data.engine``): ``hf`` runs transformers' ``generate`` here in
 left-padded batches; ``vllm`` sends the same prompt token ids to vLLM's server (train/datagen_vllm.py).
 Both end a completion at the first token of the same EOS set (decode/eos.py's ``eos_ids``, :func:`trim_at_eos`).
 Prompt reading, the held-out split, the manifest and the atomic write are shared (:func:`run`).
+
+A record may carry its own response (``data.responses=given|auto``: train/prompts.py says which records do).
+Then nothing is generated for it: the response is the completion (cut after its first EOS and at
+``data.max_new_tokens``, as a generated one ends), and the HF engine scores it with one teacher-forced forward
+per row (:func:`score_all`), keeping the same top-k log-probs that ``generate`` records: log_softmax of the
+raw logits at temperature 1. Scoring on vLLM (prompt log-probs) is not built: a record to score with
+``data.engine=vllm`` is a :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -34,8 +43,8 @@ from draftsmith.artifacts.formats import read_datagen, write_datagen
 from draftsmith.decode.eos import eos_ids, pretrained_eos_ids
 from draftsmith.decode.pair import load_model, load_tokenizer
 from draftsmith.artifacts.progress import progress
-from draftsmith.artifacts.errors import check
-from draftsmith.train.prompts import PromptError, prepare_prompts, read_prompts
+from draftsmith.artifacts.errors import ConfigError, check
+from draftsmith.train.prompts import PreparedPrompts, PromptError, prepare_prompts, read_records
 from draftsmith.train.settings import DatagenSettings
 
 SCHEMA_VERSION = 1
@@ -60,7 +69,7 @@ class DatagenConfig(DatagenSettings):
 def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig,
                    generator_seed: int) -> list[dict]:
     """Generate for a batch of prompts with left padding; one dict per completion, in prompt order."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = _pad_id(tokenizer)
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -91,8 +100,13 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfi
     return records
 
 
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def trim_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
-    """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines."""
+    """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines
+    and for given responses."""
     end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
     return (tokens[:end], True) if end is not None else (list(tokens), False)
 
@@ -119,61 +133,217 @@ def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig,
     return rows
 
 
-def generate_splits(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[int]]]):
-    """Every split's rows from the configured engine -> (rows per split, generate seconds, the manifest's engine
-    record, log files for the output). The engine's start-up (model load, vLLM server) is outside the seconds."""
-    if cfg.engine == "vllm":
-        from draftsmith.train import datagen_vllm
+# -- given responses: scored, not generated -------------------------------------------------------
+def given_completion(response: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], bool, bool]:
+    """A given response as a completion row keeps it -> (tokens, finished, truncated): up to and including its first
+    EOS (finished), at most `max_new_tokens` (truncated, not finished), as a generated completion would end."""
+    tokens, finished = trim_at_eos(response, eos)
+    if len(tokens) > max_new_tokens:
+        return tokens[:max_new_tokens], False, True
+    return tokens, finished, False
 
-        eos = pretrained_eos_ids(cfg.target, tokenizer)
-        log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure
-        with datagen_vllm.engine(cfg, log) as served:
-            started = time.perf_counter()
-            splits = {name: datagen_vllm.generate_all(served.url, served.model, ids, cfg, eos, f"datagen {name}")
-                      for name, ids in prompts.items()}
-            gen_s = time.perf_counter() - started
-        if not log.exists():  # data.vllm.url: nothing was launched
-            shutil.rmtree(log.parent, ignore_errors=True)
-        return splits, gen_s, served.info, [log] if log.exists() else []
+
+@contextlib.contextmanager
+def head_at(model: torch.nn.Module, select: torch.Tensor):
+    """Within the block, `model`'s output head runs only where `select` [B, T] is True: logits come out [1, N, V],
+    the N selected positions row by row, in order. A forward pre-hook on ``get_output_embeddings()`` picks the
+    hidden states before the head (as train/trainer.py's ``head_at_loss_positions``, for any model family), so
+    the prompt positions, usually most of a row, cost no [T, V] head."""
+    head = model.get_output_embeddings()
+
+    def pick(module, args):
+        hidden = args[0]  # [B, T, H]
+        return (hidden[select.to(hidden.device)].unsqueeze(0), *args[1:])  # [1, N, H]
+
+    handle = head.register_forward_pre_hook(pick)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@torch.inference_mode()
+def score_batch(model, rows: list[tuple[list[int], list[int]]], k: int, pad: int,
+                device: str) -> list[tuple[list[list[int]], list[list[float]]]]:
+    """The target's top-`k` log-probs at every response position of each (prompt ids, response ids) row, from one
+    teacher-forced forward -> (top-k ids, top-k log-probs) per row, one entry per response token.
+
+    Right padding with an attention mask: every row's real tokens start at position 0, so positions need no
+    adjustment. Position p + j - 1 of a row with a p-token prompt predicts response token j (0-based), and
+    only there does the head run. log_softmax in float32 at temperature 1: the quantity :func:`generate_batch`
+    keeps (generate's ``output_logits``, the raw logits before any processor).
+    """
+    width = max(len(p) + len(r) for p, r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [B, T]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    select = torch.zeros((len(rows), width), dtype=torch.bool)  # the positions that predict a response token
+    for row, (prompt, response) in enumerate(rows):  # right padding: real tokens at the left end
+        n = len(prompt) + len(response)
+        input_ids[row, :n] = torch.tensor(prompt + response)
+        mask[row, :n] = 1
+        select[row, len(prompt) - 1 : n - 1] = True
+    with head_at(model, select):
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+    top = torch.topk(torch.log_softmax(logits[0].float(), -1), k, dim=-1)  # [N, k], N = sum of response lengths
+    out, at = [], 0
+    for _, response in rows:
+        out.append((top.indices[at : at + len(response)].tolist(), top.values[at : at + len(response)].tolist()))
+        at += len(response)
+    return out
+
+
+def score_all(model, tokenizer, prompts: list[list[int]], responses: list[list[int]], cfg: DatagenConfig,
+              desc: str) -> tuple[list[dict], int]:
+    """Rows for prompts that come with their responses -> (rows in prompt order, as :func:`generate_all`'s; how many
+    responses were cut at data.max_new_tokens). The completion is the response (:func:`given_completion`); with
+    data.top_k_logprobs the target's top-k log-probs at its positions (:func:`score_batch`, data.batch_size rows
+    per forward, batched by similar length: less padding)."""
+    eos = eos_ids(model.generation_config, tokenizer)
+    made = [given_completion(r, eos, cfg.max_new_tokens) for r in responses]
+    rows = [{"prompt_ids": p, "completion_ids": c, "finished": f, "prompt_index": i}
+            for i, (p, (c, f, _)) in enumerate(zip(prompts, made))]
+    if cfg.top_k_logprobs and rows:
+        order = sorted(range(len(rows)), key=lambda i: len(prompts[i]) + len(rows[i]["completion_ids"]))
+        bar = progress(total=len(rows), desc=desc, unit="response")
+        for b in range(0, len(order), cfg.batch_size):
+            idx = order[b : b + cfg.batch_size]
+            tops = score_batch(model, [(rows[i]["prompt_ids"], rows[i]["completion_ids"]) for i in idx],
+                               cfg.top_k_logprobs, _pad_id(tokenizer), cfg.device)
+            for i, (ids, logprobs) in zip(idx, tops):
+                rows[i]["topk_ids"], rows[i]["topk_logprobs"] = ids, logprobs
+            bar.update(len(idx))
+        bar.close()
+    return rows, sum(truncated for *_, truncated in made)
+
+
+# -- every split's rows, from either engine ---------------------------------------------------------
+@dataclass
+class Completions:
+    """What the engine made: rows per split, seconds generating, the manifest's engine record and ``responses``
+    counts (rows given and generated, given responses cut at data.max_new_tokens, scoring seconds and rate), log
+    files for the output."""
+
+    splits: dict[str, list[dict]]
+    generate_s: float
+    engine: dict
+    responses: dict
+    logs: list[Path] = field(default_factory=list)
+
+
+def merge_rows(generated: list[dict], generated_at: list[int], scored: list[dict], scored_at: list[int]) -> list[dict]:
+    """One split's generated and scored rows in prompt order: each row's prompt_index (its prompt's place in its own
+    list) becomes the prompt's index in the split (`*_at`); a prompt's completions keep their order."""
+    rows = [{**r, "prompt_index": generated_at[r["prompt_index"]]} for r in generated]
+    rows += [{**r, "prompt_index": scored_at[r["prompt_index"]]} for r in scored]
+    return sorted(rows, key=lambda r: r["prompt_index"])  # stable
+
+
+def generate_vllm(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[int]]]):
+    """Every split's generated rows from vLLM -> (rows per split, generate seconds, the manifest's engine record,
+    log files). The server's start-up is outside the seconds."""
+    from draftsmith.train import datagen_vllm
+
+    eos = pretrained_eos_ids(cfg.target, tokenizer)
+    log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure
+    with datagen_vllm.engine(cfg, log) as served:
+        started = time.perf_counter()
+        splits = {name: datagen_vllm.generate_all(served.url, served.model, ids, cfg, eos, f"datagen {name}")
+                  for name, ids in prompts.items()}
+        gen_s = time.perf_counter() - started
+    if not log.exists():  # data.vllm.url: nothing was launched
+        shutil.rmtree(log.parent, ignore_errors=True)
+    return splits, gen_s, served.info, [log] if log.exists() else []
+
+
+def check_engine_scores(cfg: DatagenConfig, n_given: int) -> None:
+    """Given responses are scored by the HF engine only: a :class:`ConfigError` before any work otherwise."""
+    if n_given and cfg.engine == "vllm":
+        raise ConfigError(f"data.responses={cfg.responses}: {n_given} prompts carry a response for the target to "
+                          "score, and data.engine=vllm does not score given responses (it only generates); use "
+                          "data.engine=hf for scoring, or data.responses=generate to have vLLM write new completions")
+
+
+def complete_splits(cfg: DatagenConfig, tokenizer, prepared: PreparedPrompts) -> Completions:
+    """Every split's rows from the configured engine: generated for the prompts without a response, scored for
+    those with one (HF only), in prompt order. The engine's start-up (model load, vLLM server) is outside the
+    seconds."""
+    names = ("train", "heldout")
+    given_at = {n: [i for i, r in enumerate(prepared.responses[n]) if r is not None] for n in names}
+    new_at = {n: [i for i, r in enumerate(prepared.responses[n]) if r is None] for n in names}
+    check_engine_scores(cfg, sum(map(len, given_at.values())))
+    to_generate = {n: [getattr(prepared, n)[i] for i in new_at[n]] for n in names}
+    if cfg.engine == "vllm":
+        splits, gen_s, info, logs = generate_vllm(cfg, tokenizer, to_generate)
+        return Completions({n: merge_rows(splits[n], new_at[n], [], []) for n in names}, gen_s, info,
+                           responses_counts(splits, {n: [] for n in names}, 0, 0.0), logs)
     model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
     started = time.perf_counter()
-    splits = {name: generate_all(model, tokenizer, ids, cfg, f"datagen {name}") for name, ids in prompts.items()}
-    return splits, time.perf_counter() - started, {"name": "hf"}, []  # transformers' version: provenance
+    generated = {n: generate_all(model, tokenizer, ids, cfg, f"datagen {n}") if ids else []
+                 for n, ids in to_generate.items()}
+    gen_s, started = time.perf_counter() - started, time.perf_counter()
+    scored, truncated = {}, 0
+    for n in names:
+        scored[n], cut = score_all(model, tokenizer, [getattr(prepared, n)[i] for i in given_at[n]],
+                                   [prepared.responses[n][i] for i in given_at[n]], cfg, f"datagen {n} (scoring)")
+        truncated += cut
+    score_s = time.perf_counter() - started
+    splits = {n: merge_rows(generated[n], new_at[n], scored[n], given_at[n]) for n in names}
+    return Completions(splits, gen_s, {"name": "hf"},  # transformers' version: provenance
+                       responses_counts(generated, scored, truncated, score_s))
 
 
-def run(cfg: DatagenConfig) -> dict:
-    """Run datagen end to end; returns the manifest (also written to ``out_dir/manifest.json``)."""
+def responses_counts(generated: dict[str, list[dict]], scored: dict[str, list[dict]], truncated: int,
+                     score_s: float) -> dict:
+    """The manifest's ``responses`` counts: rows scored from given responses and rows generated, the given ones cut
+    at data.max_new_tokens, the scoring's seconds and scored tokens per second."""
+    tokens = sum(len(r["completion_ids"]) for rows in scored.values() for r in rows)
+    return {"given": sum(map(len, scored.values())), "generated": sum(map(len, generated.values())),
+            "truncated": truncated, "score_s": score_s, "score_tokens_per_s": tokens / score_s if score_s else 0.0}
+
+
+def run(cfg: DatagenConfig, log=print) -> dict:
+    """Run datagen end to end; returns the manifest (also written to ``out_dir/manifest.json``).
+
+    ``timing.tokens_per_s`` is every completion token over the engine's seconds, generating and scoring; the
+    manifest's ``responses`` says how many rows were scored from given responses and how many generated.
+    """
     import datasets
 
     started = time.time()
     tokenizer = load_tokenizer(cfg.target, "target")
-    texts = read_prompts(cfg.source(), tokenizer)
-    prepared = prepare_prompts(texts, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+    records = read_records(cfg.source(), tokenizer, cfg.responses)
+    prepared = prepare_prompts(records, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
                                heldout_fraction=cfg.heldout_fraction, max_prompts=cfg.max_prompts)
     if len(prepared.train) < cfg.min_prompts:
         raise PromptError(f"data.prompts={cfg.prompts!r}: only {len(prepared.train)} usable training prompts "
                          f"(need >= {cfg.min_prompts}; counts: {prepared.counts}). Add prompts or raise "
                          "data.max_prompt_tokens.")
-    splits, gen_s, engine, logs = generate_splits(cfg, tokenizer, {"train": prepared.train, "heldout": prepared.heldout})
-    n_tokens = sum(len(r["completion_ids"]) for rows in splits.values() for r in rows)
+    made = complete_splits(cfg, tokenizer, prepared)
+    if made.responses["truncated"]:
+        log(f"draftsmith: datagen: {made.responses['truncated']} given responses were longer than "
+            f"data.max_new_tokens={cfg.max_new_tokens} and were cut to it (finished=False); raise it to keep them "
+            "whole")
+    n_tokens = sum(len(r["completion_ids"]) for rows in made.splits.values() for r in rows)
+    engine_s = made.generate_s + made.responses["score_s"]
     features = _features(cfg.top_k_logprobs > 0)
     ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
-                               for name, rows in splits.items()})
+                               for name, rows in made.splits.items()})
     manifest = {
         "schema_version": SCHEMA_VERSION, "stage": "datagen", "target": cfg.target,
-        "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg), "engine": engine,
-        "counts": {**prepared.counts, "completions": {k: len(v) for k, v in splits.items()},
+        "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg), "engine": made.engine,
+        "counts": {**prepared.counts, "completions": {k: len(v) for k, v in made.splits.items()},
                    "completion_tokens": n_tokens},
-        "timing": {"generate_s": gen_s, "tokens_per_s": n_tokens / gen_s if gen_s else 0.0,
+        "responses": {"mode": cfg.responses, **made.responses},
+        "timing": {"generate_s": made.generate_s, "tokens_per_s": n_tokens / engine_s if engine_s else 0.0,
                    "total_s": time.time() - started},
         "provenance": provenance(),
     }
     with atomic_dir(cfg.out_dir) as tmp:
         write_datagen(tmp, ds, manifest)
-        for log in logs:
-            shutil.copy(log, tmp / log.name)
-    for log in logs:
-        shutil.rmtree(log.parent, ignore_errors=True)
+        for path in made.logs:
+            shutil.copy(path, tmp / path.name)
+    for path in made.logs:
+        shutil.rmtree(path.parent, ignore_errors=True)
     return manifest
 
 

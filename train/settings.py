@@ -20,6 +20,7 @@ from draftsmith.train.prompts import PromptFormat, PromptSource
 
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
 ENGINES = ("hf", "vllm")
+RESPONSES = ("generate", "given", "auto")
 
 
 @dataclass(kw_only=True)
@@ -54,11 +55,16 @@ class DatagenSettings(PromptFormat):
     batch_size: int = 32  # hf: prompts per generate batch; vllm: requests in flight (>= the server's --max-num-seqs)
     seed: int = 0
     engine: str = "hf"  # hf (transformers generate, here) | vllm (vLLM's server: data.vllm.*)
+    # where completions come from: generate (the target writes them) | given (a record's own response, which the
+    # target scores: top-k log-probs from one forward; data.engine=hf) | auto (given where a record carries one,
+    # else generated). Which records carry one: train/prompts.py
+    responses: str = "generate"
     vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings)
 
     def __post_init__(self):
         super().__post_init__()
         check_choice("data.engine", self.engine, ENGINES)
+        check_choice("data.responses", self.responses, RESPONSES)
         if isinstance(self.vllm, dict):  # the Python API and JSON configs may give the section as a dict
             self.vllm = DatagenVllmSettings(**self.vllm)
         check(self.max_new_tokens >= 1, f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -121,6 +127,13 @@ class TrainSettings:
     mixed_precision: str = "auto"  # auto | no | bf16 | fp16
     eval_every: int = 100  # held-out metrics every N steps (0 = never)
     eval_rows: int = 64
+    # the draft written is the one of the held-out evaluation with the best expected acceptance (top-1 agreement
+    # without a teacher distribution), not the last step's; false: the last step's
+    keep_best: bool = True
+    patience: int = 0  # stop after this many held-out evaluations without a better one (0 = train every step)
+    # train the draft's head only on eval.draft_vocab's ids (the tokens it will propose from): the head's logits
+    # are most of a large-vocabulary draft's step; needs eval.draft_vocab > 0
+    reduced_head: bool = False
     save_every: int = 100  # checkpoint every N steps and at the end (0 = never: no resume)
     keep_checkpoints: int = 2
     seed: int = 0
@@ -143,6 +156,15 @@ class TrainSettings:
             check(getattr(self, key) >= 0, f"method.{key} must be >= 0 (0 = never), got {getattr(self, key)}")
         check(self.lr > 0, f"method.lr must be > 0, got {self.lr}")
         check(self.warmup_steps >= 0, f"method.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check(self.patience >= 0, f"method.patience must be >= 0 (0 = never stop early), got {self.patience}")
+        check(self.patience == 0 or self.eval_every > 0,
+              "method.patience stops on held-out evaluations: it needs method.eval_every > 0")
+        check(not (self.reduced_head and self.cached_tail == "bucket"),
+              "method.reduced_head trains the head on the draft vocabulary's ids, which the one-bucket tail of "
+              "method.cached_tail=bucket cannot be restricted to; use method.cached_tail=uniform")
+        check(not (self.reduced_head and self.on_policy_fraction > 0),
+              "method.reduced_head with on-policy batches is not supported (the draft samples from its full head); "
+              "set method.on_policy_fraction=0 or method.reduced_head=false")
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
         if self.finetune == "lora":

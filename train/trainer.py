@@ -30,9 +30,13 @@ import torch
 from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash, write_json
 from draftsmith.artifacts.errors import UserError, check
 from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
+from draftsmith.decode.eos import eos_ids, pretrained_eos_ids
 from draftsmith.decode.runners import logit_width
-from draftsmith.train.checkpoints import latest_checkpoint, save_checkpoint, tied_parameter_names
+from draftsmith.decode.vocab import datagen_vocab
+from draftsmith.train.checkpoints import (latest_checkpoint, load_best_params, save_checkpoint,
+                                          tied_parameter_names)
 from draftsmith.train.data import Batch, batch_indices, collate
+from draftsmith.train.heads import head_at_loss_positions, positions_in, reduced_head, restrict, unwrap
 from draftsmith.train.settings import RENAMED, TrainSettings
 from draftsmith.train.losses import (ce_per_position, divergence_per_position, masked_mean, topk_buckets,
                           topk_uniform_tail)
@@ -59,9 +63,13 @@ class TrainConfig(TrainSettings):
     log_with: Optional[str] = None  # an accelerate tracker name, e.g. "wandb"
     tracker_project: str = "draftsmith"
     tracker_init: dict = field(default_factory=dict)
+    draft_vocab: int = 0  # method.reduced_head: the eval.draft_vocab size (the same ids: decode/vocab.py datagen_vocab)
 
     def __post_init__(self):
         super().__post_init__()
+        check(not self.reduced_head or self.draft_vocab > 0,
+              "method.reduced_head trains the head on the draft vocabulary the eval proposes from: set "
+              "eval.draft_vocab=N (e.g. 8192), or method.reduced_head=false")
         check(not self.needs_target or bool(self.target),
               "pair.target is required for method.teacher=online and for on-policy batches (or use "
               "method.teacher=cached with a datagen run that stored top-k log-probs, or method.loss=ce)")
@@ -76,46 +84,61 @@ def shared_log_softmax(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def batch_loss(cfg: TrainConfig, student_logits: torch.Tensor, batch: Batch,
-               teacher_logits: torch.Tensor | None, width: int) -> tuple[torch.Tensor, dict]:
+               teacher_logits: torch.Tensor | None, width: int,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Loss on completion positions and the agreement metrics of one batch.
 
     `student_logits` / `teacher_logits` are either [B, T, V] over the whole rows, or [N, V] at the
     N loss positions only (``batch.loss_mask``, in row-major order: what a forward under
     :func:`head_at_loss_positions` returns); only those positions are ever turned into distributions.
+    With `vocab` (the sorted draft-vocabulary ids of ``method.reduced_head``) the student's logits are
+    [N, len(vocab)] over those ids (:func:`~draftsmith.train.heads.reduced_head`); the teacher is
+    renormalised over them for the loss, and ``ce`` positions whose token is outside them carry no loss.
 
     Returns (loss, metrics) with metrics: top1_agreement (student argmax == teacher argmax, or ==
     the target's token for ce) and expected_acceptance = mean sum min(p, q) where a teacher
     distribution is available (for the cached teacher: over its reconstruction from the top-k, the
-    uniform-tail one or the buckets, whose value is an upper bound).
+    uniform-tail one or the buckets, whose value is an upper bound). Both are what decoding sees: with
+    `vocab` the student proposes ids of `vocab` only and the teacher keeps its mass outside them.
     """
     mask = batch.loss_mask
-    s_logp = shared_log_softmax(at_loss_positions(student_logits, mask), width)  # [N, V]
+    s_raw = at_loss_positions(student_logits, mask)
+    s_logp = shared_log_softmax(s_raw, width) if vocab is None else torch.log_softmax(s_raw.float(), -1)  # [N, V']
+    s_top1 = s_logp.argmax(-1) if vocab is None else vocab[s_logp.argmax(-1)]  # as token ids
     labels = batch.input_ids[:, 1:][mask]
     topk_ids = batch.topk_ids[mask] if batch.topk_ids is not None else None
     topk_logprobs = batch.topk_logprobs[mask] if batch.topk_logprobs is not None else None
     metrics = {}
-    dists = None  # (teacher, student) log-probs for the expected-acceptance metric
-    if teacher_logits is not None:
+    t_logp = None  # the teacher's log-probs over the full width, when there is a teacher distribution
+    every = torch.ones(s_logp.shape[0], dtype=torch.bool, device=s_logp.device)
+    if teacher_logits is not None and cfg.loss != "ce":
         t_logp = shared_log_softmax(at_loss_positions(teacher_logits, mask), width)
-        per_pos = ce_per_position(s_logp, labels) if cfg.loss == "ce" else divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
-        t_top1, dists = t_logp.argmax(-1), (t_logp, s_logp)
+        t_top1 = t_logp.argmax(-1)
     elif topk_ids is not None and cfg.loss != "ce" and cfg.cached_tail == "uniform":
         t_logp = topk_uniform_tail(topk_ids, topk_logprobs, width)
-        per_pos = divergence_per_position(cfg.loss, t_logp, s_logp, cfg.beta)
-        t_top1, dists = topk_ids[..., 0], (t_logp, s_logp)
-    elif topk_ids is not None and cfg.loss != "ce":
+        t_top1 = topk_ids[..., 0]
+    if t_logp is not None:
+        per_pos = divergence_per_position(cfg.loss, t_logp if vocab is None else restrict(t_logp, vocab), s_logp,
+                                          cfg.beta)
+        p = t_logp.exp() if vocab is None else t_logp[:, vocab].exp()
+        dists = (p, s_logp.exp())
+    elif topk_ids is not None and cfg.loss != "ce":  # the bucket tail (never with a vocab: TrainSettings)
         t_b, s_b = topk_buckets(s_logp, topk_ids, topk_logprobs)
         per_pos = divergence_per_position(cfg.loss, t_b, s_b, cfg.beta)
-        t_top1, dists = topk_ids[..., 0], (t_b, s_b)
+        t_top1, dists = topk_ids[..., 0], (t_b.exp(), s_b.exp())
     else:
-        per_pos = ce_per_position(s_logp, labels)
-        t_top1 = labels
-    every = torch.ones_like(per_pos, dtype=torch.bool)
+        dists, t_top1 = None, labels
+        if teacher_logits is not None:  # ce beside a teacher (on-policy batches): the metrics compare with it
+            t_full = shared_log_softmax(at_loss_positions(teacher_logits, mask), width)
+            dists = (t_full.exp() if vocab is None else t_full[:, vocab].exp(), s_logp.exp())
+            t_top1 = t_full.argmax(-1)
+        targets = labels if vocab is None else positions_in(vocab, labels, width)
+        every = targets >= 0
+        per_pos = ce_per_position(s_logp, targets.clamp(min=0))
     with torch.no_grad():  # metrics only: no autograd graph for them in the training step
-        metrics["top1_agreement"] = masked_mean((s_logp.argmax(-1) == t_top1).float(), every).item()
+        metrics["top1_agreement"] = (s_top1 == t_top1).float().mean().item()
         if dists is not None:
-            accept = torch.minimum(dists[0].exp(), dists[1].exp()).sum(-1)
-            metrics["expected_acceptance"] = masked_mean(accept, every).item()
+            metrics["expected_acceptance"] = torch.minimum(*dists).sum(-1).mean().item()
     return masked_mean(per_pos, every), metrics
 
 
@@ -128,38 +151,10 @@ def at_loss_positions(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits[:, :-1][mask]
 
 
-@contextlib.contextmanager
-def head_at_loss_positions(model: torch.nn.Module, mask: torch.Tensor):
-    """Within the block, `model`'s output head runs only at the loss positions: logits come out [1, N, V].
-
-    The head of a large-vocabulary model is most of a small draft's cost (SmolLM2: a 49152 x 576
-    matrix against 2 decoder layers), and the prompt positions, usually most of a row, need no
-    logits. A forward pre-hook on ``get_output_embeddings()`` selects the hidden states at
-    ``mask`` (position i of [B, T-1] predicts token i+1) before the head, for any model family and
-    through PEFT and accelerate wrappers.
-    """
-    head = _unwrap(model).get_output_embeddings()
-
-    def select(module, args):
-        hidden = args[0]
-        return (hidden[:, :-1][mask.to(hidden.device)].unsqueeze(0), *args[1:])
-
-    handle = head.register_forward_pre_hook(select)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):  # DDP and friends
-        model = model.module
-    return model
-
-
-def loss_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The model's [N, V] logits at the batch's loss positions (the head runs only there)."""
-    with head_at_loss_positions(model, batch.loss_mask):
+def loss_logits(model: torch.nn.Module, batch: Batch, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's [N, V] logits at the batch's loss positions (the head runs only there; with `vocab` only over
+    those ids: [N, len(vocab)])."""
+    with head_at_loss_positions(model, batch.loss_mask), reduced_head(model, vocab):
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     return logits.squeeze(0)
 
@@ -249,7 +244,8 @@ def on_policy_batch(student, batch: Batch, cfg: TrainConfig, pad_id: int, seed: 
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, device) -> dict:
+def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, device,
+             vocab: torch.Tensor | None = None) -> dict:
     """Held-out loss, top-1 agreement and expected acceptance, averaged over micro-batches."""
     model.eval()
     totals: dict[str, float] = {}
@@ -257,16 +253,55 @@ def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, de
     with_topk = "topk_ids" in rows[0]
     for start in range(0, len(rows), cfg.batch_size):
         batch = collate(rows[start : start + cfg.batch_size], pad_id, cfg.max_len, with_topk).to(device)
-        s_logits = loss_logits(model, batch)
+        s_logits = loss_logits(model, batch, vocab)
         t_logits = None
         if teacher is not None and cfg.teacher == "online":  # a cached teacher reads the batch's top-k
             t_logits = loss_logits(teacher, batch)
-        loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width)
+        loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width, vocab)
         for key, value in {"loss": loss.item(), **metrics}.items():
             totals[key] = totals.get(key, 0.0) + value
         n += 1
     model.train()
     return {f"heldout/{k}": v / n for k, v in totals.items()}
+
+
+SCORES = ("heldout/expected_acceptance", "heldout/top1_agreement")  # what ranks held-out evaluations, in order
+
+
+def checkpoint_score(ev: dict) -> tuple[str, float]:
+    """(key, value) that ranks a held-out evaluation: expected acceptance (what decoding gains from), else top-1
+    agreement (no teacher distribution: method.loss=ce without a teacher)."""
+    key = next(k for k in SCORES if k in ev)
+    return key, ev[key]
+
+
+def improves(best: dict | None, ev: dict) -> bool:
+    """Whether held-out evaluation `ev` beats `best` ({"step", "metric", "value"} or None: none yet)."""
+    key, value = checkpoint_score(ev)
+    return best is None or best["metric"] != key or value > best["value"]
+
+
+def evals_since_best(history: dict) -> int:
+    """How many held-out evaluations came after the best one (0 without a best)."""
+    best = history.get("best")
+    return 0 if best is None else sum(1 for e in history["eval"] if e["step"] > best["step"])
+
+
+def trainable_params(model) -> dict[str, torch.Tensor]:
+    """A copy (on the CPU) of `model`'s trainable parameters: what training changes, the best draft's state."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def load_trainable_params(model, params: dict[str, torch.Tensor]) -> None:
+    """Put :func:`trainable_params` back into `model`."""
+    own = dict(model.named_parameters())
+    missing = sorted(set(params) - set(own))
+    if missing:
+        raise TrainingError(f"the best checkpoint's parameters {missing[:3]} are not in the draft being trained; "
+                            "delete the train output (or set method.keep_best=false) and train again")
+    for name, value in params.items():
+        own[name].copy_(value)
 
 
 def freeze_embeddings(model) -> int:
@@ -322,6 +357,12 @@ def run(cfg: TrainConfig) -> dict:
     if teacher is not None:
         width = min(width, logit_width(teacher))
     pad_id = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else draft_tok.eos_token_id
+    vocab, vocab_info = None, None
+    if cfg.reduced_head:  # the eval's ids: the same ranking of the same datagen output, the target's EOS kept
+        eos = pretrained_eos_ids(cfg.target, draft_tok) if cfg.target else eos_ids(model.generation_config, draft_tok)
+        vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, sorted(eos),
+                                          key="method.reduced_head with eval.draft_vocab")
+        vocab = vocab.to(accelerator.device)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -331,12 +372,13 @@ def run(cfg: TrainConfig) -> dict:
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
 
-    start_step, history = 0, {"train": [], "eval": []}
+    start_step, history, best_params = 0, {"train": [], "eval": [], "best": None, "stopped_at": None}, None
     found = latest_checkpoint(out_dir) if cfg.resume else None
     if found is not None:
         with quiet_logs("accelerate"):  # no INFO line per loaded file
             accelerator.load_state(str(found[0]))
-        start_step, history = found[1], json.loads((found[0] / "state.json").read_text())["history"]
+        start_step, history = found[1], {**history, **json.loads((found[0] / "state.json").read_text())["history"]}
+        best_params = load_best_params(found[0])
         accelerator.print(f"train: resuming from {found[0]} (step {start_step})")
     if accelerator.is_main_process and cfg.log_with:
         accelerator.init_trackers(cfg.tracker_project, config=asdict(cfg), init_kwargs=cfg.tracker_init)
@@ -345,10 +387,11 @@ def run(cfg: TrainConfig) -> dict:
     heldout_rows = [ds["heldout"][i] for i in range(min(cfg.eval_rows, len(ds["heldout"])))]
     with_topk = cfg.teacher == "cached" and "topk_ids" in train_rows.column_names
     rank, world = accelerator.process_index, accelerator.num_processes
-    bar = progress(range(start_step, cfg.steps), desc="train", unit="step", disable=not accelerator.is_main_process,
+    last_step = history["stopped_at"] or cfg.steps  # a run that stopped early and was resumed stays stopped
+    bar = progress(range(start_step, last_step), desc="train", unit="step", disable=not accelerator.is_main_process,
                    initial=start_step, total=cfg.steps)
     if cfg.eval_every and start_step == 0 and heldout_rows:  # the baseline before any update
-        ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device)
+        ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device, vocab)
         history["eval"].append({"step": 0, **ev})
         accelerator.log(ev, step=0)
     started, tokens = time.perf_counter(), 0
@@ -365,12 +408,12 @@ def run(cfg: TrainConfig) -> dict:
                 batch = on_policy_batch(accelerator.unwrap_model(model), batch, cfg, pad_id, cfg.seed + global_micro)
                 step_metrics["on_policy_batches"] += 1
             with accelerator.accumulate(model):
-                s_logits = loss_logits(model, batch)
+                s_logits = loss_logits(model, batch, vocab)
                 t_logits = None
                 if teacher is not None and (on_policy or cfg.teacher == "online"):
                     with torch.no_grad():
                         t_logits = loss_logits(teacher, batch)
-                loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width)
+                loss, metrics = batch_loss(cfg, s_logits, batch, t_logits, width, vocab)
                 finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1)).all()  # every rank decides alike
                 if not finite:
                     last = latest_checkpoint(out_dir)
@@ -392,26 +435,43 @@ def run(cfg: TrainConfig) -> dict:
         bar.set_postfix(loss=f"{step_metrics['loss']:.4f}")
         done = step + 1 == cfg.steps
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or done) and heldout_rows:
-            ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device)
+            ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device, vocab)
             history["eval"].append({"step": step + 1, **ev})
             accelerator.log(ev, step=step + 1)
+            if improves(history["best"], ev):
+                history["best"] = {"step": step + 1, **dict(zip(("metric", "value"), checkpoint_score(ev)))}
+                if cfg.keep_best:
+                    best_params = trainable_params(accelerator.unwrap_model(model))
+            if not done and cfg.patience and evals_since_best(history) >= cfg.patience:
+                history["stopped_at"], done = step + 1, True
+                accelerator.print(f"train: stopping at step {step + 1}: {cfg.patience} held-out evaluations without "
+                                  f"a better {history['best']['metric']} than step {history['best']['step']}'s "
+                                  f"{history['best']['value']:.4f} (method.patience)")
         if cfg.save_every and ((step + 1) % cfg.save_every == 0 or done):
             save_checkpoint(accelerator, out_dir, step + 1, history, cfg.keep_checkpoints,
-                            tied=tied_parameter_names(accelerator.unwrap_model(model)))
+                            tied=tied_parameter_names(accelerator.unwrap_model(model)), best_params=best_params)
+        if done:
+            break
     elapsed = time.perf_counter() - started
-    metrics = _finish(cfg, accelerator, model, draft_tok, history, manifest, elapsed, tokens * world)
+    if cfg.keep_best and best_params is not None:  # the draft written is the best held-out one
+        load_trainable_params(accelerator.unwrap_model(model), best_params)
+    metrics = _finish(cfg, accelerator, model, draft_tok, history, manifest, elapsed, tokens * world, vocab_info)
     accelerator.end_training()
     return metrics
 
 
-def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed, tokens) -> dict:
+def _finish(cfg, accelerator, model, tokenizer, history, data_manifest, elapsed, tokens, vocab_info=None) -> dict:
     """Write the draft (merged for LoRA), the adapter, train_metrics.json and manifest.json (main process)."""
     accelerator.wait_for_everyone()
     out_dir = Path(cfg.out_dir)
     # every rank's parameter checksum: they must be identical after data-parallel training
     checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
     rank_checksums = accelerator.gather(checksum.to(accelerator.device)).tolist()
-    metrics = {"history": history, "final": history["eval"][-1] if history["eval"] else {},
+    written = history["best"]["step"] if cfg.keep_best and history["best"] else None  # None: the last step's
+    evals = {e["step"]: e for e in history["eval"]}
+    metrics = {"history": history, "final": evals.get(written, history["eval"][-1] if history["eval"] else {}),
+               "draft_step": written or (history["train"][-1]["step"] if history["train"] else 0),
+               "best": history["best"], "stopped_at": history["stopped_at"], "reduced_head": vocab_info,
                "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "world_size": accelerator.num_processes,
                "rank_param_checksums": rank_checksums,
                "on_policy_batches": sum(h.get("on_policy_batches", 0) for h in history["train"])}
