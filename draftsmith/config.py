@@ -13,7 +13,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from draftsmith.artifacts.errors import ConfigError, check, check_choice
 from draftsmith.eval.gates import Gates
@@ -61,15 +61,24 @@ def required_message(keys: list[str], hint: str) -> str:
 class PairConfig:
     target: str = DEMO  # local dir, hub id, .gguf file or package:MODULE/FILE; "demo" = the embedded demo target
     draft: str = DEMO  # the base draft to distill (and compare against); "demo" = the demo base draft
-    draft_layers: Optional[int] = None  # instead of pair.draft: the target's first N layers (+ embedding, head)
+    # instead of pair.draft: the target's first N layers (+ embedding, norm, head), or a list of its layer indices
+    # (negative from the end: [0, 1, -1] is the first two and the last; draftsmith/pairs.py layer_draft)
+    draft_layers: Any = None
     dtype: str = "float32"  # float32 | bfloat16 | float16 (eval and datagen; training has its own precision)
     device: str = "cpu"  # cpu | cuda | cuda:N | mps
 
     def __post_init__(self):
         check_choice("pair.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         if self.draft_layers is not None:
-            check(self.draft_layers >= 1, f"pair.draft_layers must be >= 1 (decoder layers of the target to keep), "
-                                          f"got {self.draft_layers}")
+            layers = self.draft_layers
+            if not isinstance(layers, int):
+                layers = list(layers) if isinstance(layers, (list, tuple)) or hasattr(layers, "__iter__") else layers
+                check(isinstance(layers, list) and layers and all(isinstance(i, int) for i in layers),
+                      f"pair.draft_layers must be a number of layers N or a list of layer indices, got {layers!r}")
+                self.draft_layers = layers
+            else:
+                check(layers >= 1, f"pair.draft_layers must be >= 1 (decoder layers of the target to keep), "
+                                   f"got {layers}")
             if self.draft not in (DEMO, "", None):
                 raise ConfigError(f"pair.draft={self.draft!r} and pair.draft_layers={self.draft_layers} are both "
                                   "given: the draft is one or the other (unset one of them)")

@@ -6,7 +6,10 @@
   so that training, the lean forward, vLLM and the registry all see an ordinary Hugging Face model;
 - ``pair.draft_layers=N``: a draft made of the target's embedding, its first N decoder layers, its
   final norm and its head (the usual start when no smaller sibling model exists), written once as a
-  model directory and then distilled like any draft.
+  model directory and then distilled like any draft; ``pair.draft_layers=[0, 1, -1]``: the layers of
+  those indices (here the first two and the last: the last layer is the one that turns the residual
+  stream into what the final norm and the head read, and a draft that keeps it starts closer to the
+  target and distils further per step: BENCHMARKS.md "A draft that pays on a real model").
 
 Built directories live in the draftsmith cache ($DRAFTSMITH_CACHE or the platform's), keyed by
 content, written atomically; concurrent sweep runs find what the first one wrote.
@@ -108,11 +111,31 @@ def _weights_key(target: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def layer_draft(target: str, n_layers: int, cache: Path, log=print) -> str:
-    """The directory of a draft made of the target's first `n_layers` decoder layers (plus embedding, norm, head).
+def layer_indices(layers, total: int) -> list[int]:
+    """``pair.draft_layers`` (N, or a list of indices, negative from the end) as sorted distinct indices into the
+    target's `total` decoder layers; ConfigError naming the key otherwise."""
+    if isinstance(layers, int):
+        if not 1 <= layers < total:
+            raise ConfigError(f"pair.draft_layers={layers}: the target has {total} decoder layers; give 1..{total - 1}")
+        return list(range(layers))
+    bad = [i for i in layers if not -total <= i < total]
+    if bad:
+        raise ConfigError(f"pair.draft_layers={list(layers)}: {bad} out of range for the target's {total} decoder "
+                          f"layers (indices 0..{total - 1}, or negative from the end)")
+    indices = sorted({i % total for i in layers})
+    if len(indices) != len(layers):
+        raise ConfigError(f"pair.draft_layers={list(layers)} names a layer twice")
+    if len(indices) >= total:
+        raise ConfigError(f"pair.draft_layers={list(layers)} keeps every layer of the target: that is the target")
+    return indices
 
-    Written once under `cache`, keyed by the target's content and N. The draft keeps the target's
-    tokenizer, so the pair's tokenizers agree by construction.
+
+def layer_draft(target: str, layers, cache: Path, log=print) -> str:
+    """The directory of a draft made of the target's decoder layers `layers` (N: the first N; or a list of indices,
+    :func:`layer_indices`) plus its embedding, final norm and head.
+
+    Written once under `cache`, keyed by the target's content and the indices (the first N keep the key they
+    always had). The draft keeps the target's tokenizer, so the pair's tokenizers agree by construction.
     """
     import torch
     from transformers import AutoConfig
@@ -125,39 +148,50 @@ def layer_draft(target: str, n_layers: int, cache: Path, log=print) -> str:
         raise ConfigError(f"pair.draft_layers needs the target as a local model directory or a .gguf file; "
                           f"pair.target={target!r} is neither (download it first, e.g. huggingface-cli download)")
     total = AutoConfig.from_pretrained(target).num_hidden_layers
-    if not 1 <= n_layers < total:
-        raise ConfigError(f"pair.draft_layers={n_layers}: the target has {total} decoder layers; "
-                          f"give 1..{total - 1}")
-    entry = cache / f"layer-draft-{_weights_key(root)}-{n_layers}"
+    indices = layer_indices(layers, total)
+    first = indices == list(range(len(indices)))
+    tag = str(len(indices)) if first else "_".join(map(str, indices))
+    entry = cache / f"layer-draft-{_weights_key(root)}-{tag}"
     if (entry / "layer_draft.json").exists():
         return str(entry)
-    log(f"draftsmith: building a {n_layers}-layer draft from the target's first layers (once; cached in {entry})")
+    which = "first layers" if first else f"layers {indices}"
+    log(f"draftsmith: building a {len(indices)}-layer draft from the target's {which} (once; cached in {entry})")
     model = load_model(target, "target", "float32", "cpu")
-    trim_layers(model, n_layers)
+    trim_layers(model, indices)
     with torch.no_grad(), atomic_dir(entry) as tmp:
         model.save_pretrained(tmp)
         load_tokenizer(target, "target").save_pretrained(tmp)
-        write_json(tmp / "layer_draft.json", {"target": str(Path(target).resolve()), "layers": n_layers,
+        write_json(tmp / "layer_draft.json", {"target": str(Path(target).resolve()), "layers": len(indices),
+                                              "indices": indices,
                                               "target_layers": total, "parameters": model.num_parameters()})
     return str(entry)
 
 
-def trim_layers(model, n_layers: int):
-    """Keep the first `n_layers` decoder layers of a causal LM in place (config updated); returns the model.
+def trim_layers(model, layers):
+    """Keep the decoder layers `layers` (N: the first N; or a list of indices) of a causal LM in place (config
+    updated); returns the model.
 
     Works for decoders that keep their layers in ``model.model.layers`` (Llama, Mistral, Qwen, Gemma,
-    Phi-3, ...); per-layer config lists (``layer_types``) are cut to match.
+    Phi-3, ...); per-layer config lists (``layer_types``) are cut to match, and each kept layer's
+    ``layer_idx`` (its slot in the KV cache) is renumbered to its new position.
     """
+    import torch
+
+    indices = list(range(layers)) if isinstance(layers, int) else list(layers)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise UserError(f"pair.draft_layers: {type(model).__name__} keeps no decoder layers in model.layers; "
                         "give a draft model with pair.draft instead")
-    inner.layers = layers[:n_layers]
+    inner.layers = torch.nn.ModuleList([layers[i] for i in indices])
+    for position, layer in enumerate(inner.layers):
+        for module in layer.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = position
     config = model.config
-    config.num_hidden_layers = n_layers
+    config.num_hidden_layers = len(indices)
     if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:n_layers]
+        config.layer_types = [config.layer_types[i] for i in indices]
     return model
 
 

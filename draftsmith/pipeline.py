@@ -226,13 +226,18 @@ class Pipeline:
 
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
-        section = {"draft": draft, "method": figures_of(cfg.method)}
+        m = cfg.method
+        section = {"draft": draft, "method": figures_of(m)}
         draft_vocab = cfg.eval.draft_vocab if cfg.method.reduced_head else 0  # the head trained on the eval's ids
         if draft_vocab:
             section["draft_vocab"] = draft_vocab
+        best_by = m.best_by
+        if best_by == "auto":  # the figure the eval's decoding gains from: greedy accepts the target's argmax
+            best_by = "top1_agreement" if all(t == 0 for t in cfg.eval.temperature) else "expected_acceptance"
+        if m.keep_best and best_by != "expected_acceptance":  # part of the hash only where it changes the draft
+            section["best_by"] = best_by
         inputs = {"datagen": self._upstream("datagen", self.out / "datagen")}
         digest = stage_digest("train", section, inputs)  # a crashed run resumes only under the same digest
-        m = cfg.method
 
         def body(run):
             marker = out / "stage.json"
@@ -241,8 +246,9 @@ class Pipeline:
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
-            train_cfg = trainer.TrainConfig(**settings_of(m, TrainSettings), data_dir=str(self.out / "datagen"),
-                                            draft=draft, target=target, out_dir=str(out), draft_vocab=draft_vocab,
+            train_cfg = trainer.TrainConfig(**{**settings_of(m, TrainSettings), "best_by": best_by},
+                                            data_dir=str(self.out / "datagen"), draft=draft, target=target,
+                                            out_dir=str(out), draft_vocab=draft_vocab,
                                             **self.tracker.train_kwargs())
             try:
                 trainer.run(train_cfg)

@@ -247,8 +247,9 @@ def test_resolve_model_turns_a_packaged_gguf_into_a_model_directory(fake_package
 
 # -- draftsmith.pairs: drafts from the target's first layers ----------------------------------------
 
-def first_layers_logits(target, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """The reference, by hand: the target's embedding, its first `n` decoder layers, final norm and head."""
+def first_layers_logits(target, ids: torch.Tensor, n) -> torch.Tensor:
+    """The reference, by hand: the target's embedding, its first `n` decoder layers (or the layers of the indices
+    `n`), final norm and head."""
     inner = target.model
     length = ids.shape[1]
     position_ids = torch.arange(length).unsqueeze(0)  # [1, L]
@@ -256,7 +257,7 @@ def first_layers_logits(target, ids: torch.Tensor, n: int) -> torch.Tensor:
     with torch.no_grad():
         hidden = inner.embed_tokens(ids)  # [1, L, H]
         rope = inner.rotary_emb(hidden, position_ids)
-        for layer in inner.layers[:n]:
+        for layer in (inner.layers[:n] if isinstance(n, int) else [inner.layers[i] for i in n]):
             out = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
             hidden = out[0] if isinstance(out, tuple) else out
         return target.lm_head(inner.norm(hidden))  # [1, L, V]
@@ -287,6 +288,34 @@ def test_a_layer_draft_is_the_targets_first_layers(target_dir, tmp_path, bpe, n)
     stamps = {p: p.stat().st_mtime_ns for p in Path(draft_dir).rglob("*")}
     assert layer_draft(str(target_dir), n, tmp_path, log=log) == draft_dir and len(lines) == 1  # cached
     assert {p: p.stat().st_mtime_ns for p in Path(draft_dir).rglob("*")} == stamps
+
+
+@pytest.mark.parametrize("layers, indices", [([0, -1], [0, 2]), ([2, 0], [0, 2]), ([1], [1]), ([0, 1], [0, 1])])
+def test_a_layer_draft_of_chosen_indices(target_dir, tmp_path, bpe, layers, indices):
+    """pair.draft_layers=[...]: the layers of those indices (negative from the end), in the target's order, their
+    KV-cache slots renumbered, so that speculative greedy output still equals the target's own."""
+    from draftsmith.decode import autoregressive_generate, speculative_generate
+
+    target = load_model(target_dir, "target")
+    draft_dir = layer_draft(str(target_dir), layers, tmp_path, log=lambda _: None)
+    draft = load_model(draft_dir, "draft")
+    ids = ids_of(bpe)
+    torch.testing.assert_close(logits(draft, ids), first_layers_logits(target, ids, indices), atol=1e-4, rtol=1e-5)
+    record = json.loads((Path(draft_dir) / "layer_draft.json").read_text())
+    assert record["indices"] == indices and record["layers"] == len(indices)
+    if indices == [0, 1]:  # the first N keep the cache entry of draft_layers=N
+        assert draft_dir == layer_draft(str(target_dir), 2, tmp_path, log=lambda _: None)
+    for backend in ("hf", "lean"):
+        plain = autoregressive_generate(target, ids, max_new_tokens=12, backend=backend).sequences
+        spec = speculative_generate(target, draft, ids, k=3, max_new_tokens=12, backend=backend).sequences
+        assert torch.equal(plain, spec), backend
+
+
+@pytest.mark.parametrize("layers, message", [([0, 3], r"\[3\] out of range"), ([0, -3], "names a layer twice"),
+                                             ([0, 1, 2], "keeps every layer")])
+def test_chosen_layer_indices_errors(target_dir, tmp_path, layers, message):
+    with pytest.raises(ConfigError, match=message):
+        layer_draft(str(target_dir), layers, tmp_path)
 
 
 def test_layer_drafts_of_two_targets_of_one_shape_are_their_own(tmp_path, bpe):
@@ -332,6 +361,10 @@ def test_pair_draft_layers_settings():
         PairConfig(target="t", draft="some/draft", draft_layers=2)
     for bad in (0, -1):
         with pytest.raises(ConfigError, match=f"pair.draft_layers must be >= 1.*got {bad}"):
+            PairConfig(target="t", draft_layers=bad)
+    assert PairConfig(target="t", draft_layers=[0, 1, -1]).draft_layers == [0, 1, -1]
+    for bad in ([], ["a"], [1.5]):
+        with pytest.raises(ConfigError, match="a number of layers N or a list of layer indices"):
             PairConfig(target="t", draft_layers=bad)
 
 

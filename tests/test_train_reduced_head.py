@@ -207,3 +207,22 @@ def test_pipeline_refuses_a_reduced_head_without_a_draft_vocabulary():
     c.method.reduced_head, c.stages = True, ["train", "eval"]
     with pytest.raises(ConfigError, match="eval.draft_vocab"):
         validate(c)
+
+
+def test_best_by_top1_agreement_ranks_by_it(pair_dirs, tmp_path, monkeypatch):  # noqa: F811
+    real, calls = trainer.evaluate, {"n": 0}
+    top1 = [0.1, 0.3, 0.6, 0.4]  # steps 0, 2, 4, 6; expected acceptance says step 2 (0.9)
+    accept = [0.1, 0.9, 0.2, 0.3]
+
+    def scripted(*args, **kwargs):
+        ev = real(*args, **kwargs)
+        ev["heldout/top1_agreement"], ev["heldout/expected_acceptance"] = top1[calls["n"]], accept[calls["n"]]
+        calls["n"] += 1
+        return ev
+
+    monkeypatch.setattr(trainer, "evaluate", scripted)
+    m = trainer.run(cfg(pair_dirs, tmp_path / "a", steps=6, eval_every=2, best_by="top1_agreement"))
+    assert m["best"] == {"step": 4, "metric": "heldout/top1_agreement", "value": 0.6}
+    calls["n"] = 0
+    m = trainer.run(cfg(pair_dirs, tmp_path / "b", steps=6, eval_every=2, best_by="expected_acceptance"))
+    assert m["best"]["step"] == 2

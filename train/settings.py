@@ -91,6 +91,7 @@ FINETUNES = ("full", "lora")
 TEACHERS = ("cached", "online")
 CACHED_TAILS = ("uniform", "bucket")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+BEST_BY = ("auto", "expected_acceptance", "top1_agreement")
 
 
 RENAMED = {"method": "finetune"}  # TrainSettings fields that were renamed: old -> new (draftsmith/config.py RENAMED)
@@ -130,6 +131,9 @@ class TrainSettings:
     # the draft written is the one of the held-out evaluation with the best expected acceptance (top-1 agreement
     # without a teacher distribution), not the last step's; false: the last step's
     keep_best: bool = True
+    # what ranks held-out evaluations: expected_acceptance (sum min(p, q): sampling) | top1_agreement (the draft's
+    # argmax is the target's: greedy decoding) | auto (the pipeline: top1_agreement when every eval.temperature is 0)
+    best_by: str = "auto"
     patience: int = 0  # stop after this many held-out evaluations without a better one (0 = train every step)
     # train the draft's head only on eval.draft_vocab's ids (the tokens it will propose from): the head's logits
     # are most of a large-vocabulary draft's step; needs eval.draft_vocab > 0
@@ -156,6 +160,7 @@ class TrainSettings:
             check(getattr(self, key) >= 0, f"method.{key} must be >= 0 (0 = never), got {getattr(self, key)}")
         check(self.lr > 0, f"method.lr must be > 0, got {self.lr}")
         check(self.warmup_steps >= 0, f"method.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check_choice("method.best_by", self.best_by, BEST_BY)
         check(self.patience >= 0, f"method.patience must be >= 0 (0 = never stop early), got {self.patience}")
         check(self.patience == 0 or self.eval_every > 0,
               "method.patience stops on held-out evaluations: it needs method.eval_every > 0")

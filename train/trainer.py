@@ -265,19 +265,20 @@ def evaluate(cfg: TrainConfig, model, teacher, rows, pad_id: int, width: int, de
     return {f"heldout/{k}": v / n for k, v in totals.items()}
 
 
-SCORES = ("heldout/expected_acceptance", "heldout/top1_agreement")  # what ranks held-out evaluations, in order
-
-
-def checkpoint_score(ev: dict) -> tuple[str, float]:
-    """(key, value) that ranks a held-out evaluation: expected acceptance (what decoding gains from), else top-1
-    agreement (no teacher distribution: method.loss=ce without a teacher)."""
-    key = next(k for k in SCORES if k in ev)
+def checkpoint_score(ev: dict, best_by: str = "auto") -> tuple[str, float]:
+    """(key, value) that ranks a held-out evaluation: `best_by` (method.best_by) when measured; ``auto`` (and a
+    figure not measured: method.loss=ce without a teacher has no distribution) takes expected acceptance, else
+    top-1 agreement."""
+    order = ("heldout/expected_acceptance", "heldout/top1_agreement")
+    if best_by == "top1_agreement":
+        order = order[::-1]
+    key = next(k for k in order if k in ev)
     return key, ev[key]
 
 
-def improves(best: dict | None, ev: dict) -> bool:
+def improves(best: dict | None, ev: dict, best_by: str = "auto") -> bool:
     """Whether held-out evaluation `ev` beats `best` ({"step", "metric", "value"} or None: none yet)."""
-    key, value = checkpoint_score(ev)
+    key, value = checkpoint_score(ev, best_by)
     return best is None or best["metric"] != key or value > best["value"]
 
 
@@ -438,8 +439,8 @@ def run(cfg: TrainConfig) -> dict:
             ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device, vocab)
             history["eval"].append({"step": step + 1, **ev})
             accelerator.log(ev, step=step + 1)
-            if improves(history["best"], ev):
-                history["best"] = {"step": step + 1, **dict(zip(("metric", "value"), checkpoint_score(ev)))}
+            if improves(history["best"], ev, cfg.best_by):
+                history["best"] = {"step": step + 1, **dict(zip(("metric", "value"), checkpoint_score(ev, cfg.best_by)))}
                 if cfg.keep_best:
                     best_params = trainable_params(accelerator.unwrap_model(model))
             if not done and cfg.patience and evals_since_best(history) >= cfg.patience:
