@@ -53,12 +53,23 @@ class ShapeSearchError(UserError, ValueError):
 # ---------------------------------------------------------------- arguments
 
 
+def layer_spec(text: str):
+    """--layers value: "3" -> 3 (the first 3 layers), "0,1,-1" -> [0, 1, -1] (those indices)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of layers (3) or layer indices (0,1,-1)") from None
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True, help="the target: a model directory, .gguf file or package:MODULE/PATH")
     ap.add_argument("--data", required=True, help="the target's datagen output (RUN/datagen): its train split is "
                                                   "distilled on and ranks the head's ids, its held-out rows score α")
-    ap.add_argument("--layers", type=int, nargs="*", default=[], help="draft depths: the target's first N layers")
+    ap.add_argument("--layers", type=layer_spec, nargs="*", default=[],
+                    help="draft shapes: N (the target's first N layers) or comma-separated layer indices, negative "
+                         "from the end (0,1,-1: the first two and the last; pair.draft_layers=[0,1,-1])")
     ap.add_argument("--sibling", nargs="*", default=[], help="sibling draft model directories, as candidates too")
     ap.add_argument("--heads", type=int, nargs="+", default=[0], help="head sizes (reduced vocabulary ids; 0 = full)")
     ap.add_argument("--k", type=int, nargs="+", default=[2, 3, 4], help="draft tokens per round to rank at")
@@ -87,7 +98,8 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.layers and not args.sibling:
         raise ShapeSearchError("no candidate: give draft depths with --layers (e.g. --layers 2 3 4) and/or sibling "
                                "draft directories with --sibling")
-    for flag, values, low in (("--layers", args.layers, 1), ("--heads", args.heads, 0), ("--k", args.k, 1)):
+    depths = [n for n in args.layers if isinstance(n, int)]
+    for flag, values, low in (("--layers", depths, 1), ("--heads", args.heads, 0), ("--k", args.k, 1)):
         bad = [v for v in values if v < low]
         if bad:
             what = {"--layers": "a draft keeps the target's first N decoder layers, N >= 1",
@@ -108,9 +120,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise ShapeSearchError(f"--iso {' '.join(map(str, args.iso))}: speedups must be > 0")
 
 
-def check_depths(layers: list[int], total: int) -> None:
-    """Every depth cuts the target short: a draft as deep as the target is the target."""
-    bad = [n for n in layers if n >= total]
+def check_depths(layers: list, total: int) -> None:
+    """Every depth cuts the target short: a draft as deep as the target is the target; index lists name layers it
+    has (draftsmith.pairs.layer_indices)."""
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.pairs import layer_indices
+
+    for spec in layers:
+        if not isinstance(spec, int):
+            try:
+                layer_indices(spec, total)
+            except ConfigError as exc:
+                raise ShapeSearchError(f"--layers {','.join(map(str, spec))}: {exc}") from None
+    bad = [n for n in layers if isinstance(n, int) and n >= total]
     if bad:
         raise ShapeSearchError(f"--layers {' '.join(map(str, bad))}: the target has {total} decoder layers, so a "
                                f"draft keeps 1..{total - 1} of them; give smaller depths")
@@ -169,8 +191,10 @@ def drafts(args, target: str, cache: Path, tokenizer) -> list[dict]:
     from draftsmith.decode.pair import check_tokenizers, load_tokenizer
     from draftsmith.pairs import layer_draft
 
-    out = [{"name": f"layers{n}", "source": "layers", "path": layer_draft(target, n, cache, log=library_log),
-            "layers": n} for n in dict.fromkeys(args.layers)]
+    specs = list({str(n): n for n in args.layers}.values())  # distinct, in the order given
+    out = [{"name": f"layers{n}" if isinstance(n, int) else "layers" + "_".join(map(str, n)), "source": "layers",
+            "path": layer_draft(target, n, cache, log=library_log), "layers": n if isinstance(n, int) else len(n),
+            "indices": None if isinstance(n, int) else list(n)} for n in specs]
     for path in dict.fromkeys(args.sibling):
         if not (Path(path) / "config.json").is_file():
             raise ShapeSearchError(f"--sibling {path}: not a model directory (no config.json); give a local Hugging "
@@ -388,6 +412,7 @@ def train_candidate(args, data: dict, target: str, found: dict) -> Candidate:
     return Candidate(name=name, layers=draft["layers"], head=head, alpha=alpha, c=dict(costs["c"]),
                      c_v=dict(costs["c_v"]), parameters=found["parameters"], train_s=seconds,
                      info={"source": draft["source"], "base_draft": draft["path"], "alpha_key": key,
+                           "indices": draft.get("indices"),
                            "train_dir": cfg.out_dir, "draft": str(Path(cfg.out_dir) / "draft"),
                            "target_step_s": costs["target_step_s"], "draft_step_s": costs["draft_step_s"],
                            "vocab": found["vocab"], "best_eval_step": metrics.get("draft_step"),
@@ -415,7 +440,8 @@ def report(args, target: str, total: int, data: dict, ranked: list[Ranked]) -> d
     rows = []
     for r in ranked:
         c = r.candidate
-        rows.append({"rank": r.rank, "name": c.name, "source": c.info["source"], "layers": c.layers, "head": c.head,
+        rows.append({"rank": r.rank, "name": c.name, "source": c.info["source"], "layers": c.layers,
+                     "layer_indices": c.info.get("indices"), "head": c.head,
                      "parameters": c.parameters, "alpha": c.alpha, "c": {str(k): v for k, v in c.c.items()},
                      "c_v": {str(k): v for k, v in c.c_v.items()},
                      "predicted_speedup": {str(k): v for k, v in r.predicted.items()}, "best_k": r.best_k,

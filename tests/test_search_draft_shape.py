@@ -92,10 +92,23 @@ def test_a_second_run_reuses_finished_trainings_and_retrains_changed_ones(target
     assert metrics["history"]["train"][-1]["step"] == 3 and third["steps"] == 3
 
 
+def test_chosen_layer_indices_are_a_candidate(target_and_data, tmp_path, capsys):
+    out = tmp_path / "shapes"
+    doc = search_draft_shape.main(args(target_and_data, out, "--layers", "0,-1", "1", "--k", "1", "--steps", "2",
+                                       "--cost-repeats", "1"))
+    rows = {r["name"]: r for r in doc["candidates"]}
+    assert set(rows) == {"layers0_-1-full", "layers1-full"}
+    assert rows["layers0_-1-full"]["layers"] == 2 and rows["layers0_-1-full"]["layer_indices"] == [0, -1]
+    assert rows["layers1-full"]["layer_indices"] is None
+    record = json.loads((Path(rows["layers0_-1-full"]["base_draft"]) / "layer_draft.json").read_text())
+    assert record["indices"] == [0, 2]
+
+
 @pytest.mark.parametrize("extra, says", [
     (("--layers", "0"), "--layers 0: a draft keeps the target's first N decoder layers"),
     (("--layers", "2", "3"), "--layers 3: the target has 3 decoder layers, so a draft keeps 1..2"),
     (("--heads", "64"), "--heads 64: the vocabulary has"),
+    (("--layers", "0,5"), "--layers 0,5: pair.draft_layers=[0, 5]: [5] out of range"),
     (("--k", "0"), "--k 0"),
     ((), "no candidate: give draft depths with --layers"),
 ])
