@@ -312,3 +312,15 @@ def words_only(example: dict, vocab: dict, shift: int) -> dict:
     if "messages" in example:
         return {"messages": [{**m, "content": known(m["content"])} for m in example["messages"]]}
     return {key: known(value) for key, value in example.items()}
+
+
+def test_answers_to_one_question_are_rows_of_their_own_in_one_split(tokenizer):
+    from draftsmith.train.prompts import PromptRecord, prepare_prompts
+
+    records = [PromptRecord("w1 w2", [5, 6]), PromptRecord("w1 w2", [7, 8]), PromptRecord("w1 w2", [5, 6]),
+               PromptRecord("w3", None), PromptRecord("w3", None)]
+    for fraction in (0.0, 0.999):
+        prep = prepare_prompts(records, tokenizer, max_prompt_tokens=64, heldout_fraction=fraction)
+        assert prep.counts["duplicates"] == 2
+        split = "heldout" if fraction else "train"
+        assert sorted(map(tuple, filter(None, prep.responses[split]))) == [(5, 6), (7, 8)]

@@ -230,20 +230,23 @@ class PreparedPrompts:
 
 def prepare_prompts(texts: list[str | PromptRecord], tokenizer, *, max_prompt_tokens: int, heldout_fraction: float,
                     max_prompts: int | None = None) -> PreparedPrompts:
-    """Tokenize, drop empty / too long prompts and duplicates (of the prompt text: the first record's response
-    is kept), split off the held-out set; ``responses[split][i]`` is the response of ``split``'s prompt i."""
+    """Tokenize, drop empty / too long prompts and duplicates (the same prompt text with the same response, or
+    without one: several given answers to one question are several rows), split off the held-out set by the
+    prompt's text (a question's answers stay in one split); ``responses[split][i]`` is the response of
+    ``split``'s prompt i."""
     if not 0.0 <= heldout_fraction < 1.0:
         raise PromptError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     out = PreparedPrompts()
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     too_long = empty = dupes = 0
     for item in texts:
         record = item if isinstance(item, PromptRecord) else PromptRecord(item)
         text = record.text
-        if text in seen:
+        key = (text, None if record.response is None else tuple(record.response))
+        if key in seen:
             dupes += 1
             continue
-        seen.add(text)
+        seen.add(key)
         ids = tokenizer(text).input_ids
         if not text.strip() or not ids:
             empty += 1
