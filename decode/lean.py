@@ -116,6 +116,39 @@ def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out[None]
 
 
+# (device, dtype, threads, the matrices' shapes, T) -> whether W @ x^T beats F.linear there, measured once
+_BLOCK_FORM: dict[tuple, bool] = {}
+
+
+def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int = 5) -> bool:
+    """Whether a block of `t` tokens through `weights` (a layer's matrices) runs faster as ``W @ x^T``
+    (:func:`_linear_block`) than as ``F.linear``, timed once per process on this machine (medians of `repeats`
+    interleaved runs on random inputs, a few milliseconds) and remembered.
+
+    Which form MKL runs faster depends on the CPU and on T, not on anything draftsmith can read: on the host
+    where :func:`_linear_block` was introduced W @ x^T was 2x faster at T=5; on another 2-core AVX-512 host
+    (session 9, a 30-layer model's shapes) F.linear was 2x faster at T=2-3 (6.0 vs 14.5 ms, 5.6 vs 10.9 ms),
+    equal-ish at 4-8, and W @ x^T 1.8x faster at T=16 (BENCHMARKS.md "A draft that pays on a real model").
+    """
+    import time
+
+    key = (weights[0].device.type, weights[0].dtype, torch.get_num_threads(), tuple(w.shape for w in weights), t)
+    if key not in _BLOCK_FORM:
+        inputs = [torch.randn(1, t, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+        times = {False: [], True: []}
+        with torch.inference_mode():
+            for r in range(repeats + 1):
+                for form in ((False, True) if r % 2 else (True, False)):
+                    f = _linear_block if form else F.linear
+                    started = time.perf_counter()
+                    for x, w in zip(inputs, weights):
+                        f(x, w)
+                    if r:  # the first round warms both up
+                        times[form].append(time.perf_counter() - started)
+        _BLOCK_FORM[key] = sorted(times[True])[repeats // 2] < sorted(times[False])[repeats // 2]
+    return _BLOCK_FORM[key]
+
+
 class _Layer:
     """The tensors of one decoder layer (references to the model's parameters)."""
 
@@ -132,6 +165,7 @@ class _Layer:
         self.n_heads = attn.q_proj.out_features // self.head_dim
         self.n_kv = attn.k_proj.out_features // self.head_dim
         self.gate, self.up, self.down = (_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.qkv_o, self.mlp = (self.q, self.k, self.v, self.o), (self.gate, self.up, self.down)
 
 
 class LeanModel:
@@ -164,8 +198,9 @@ class LeanModel:
             weight, bias = self.head
             self.head = (weight[self.rows].contiguous(), None if bias is None else bias[self.rows].contiguous())
         self.rotary = inner.rotary_emb
-        # CPU: multi-token blocks as W @ x^T (see _linear_block); elsewhere exactly nn.Linear's product
-        self.block_as_weight_product = self.embed.device.type == "cpu"
+        # multi-token blocks: None (CPU) = per block size, the faster of W @ x^T and F.linear on this machine
+        # (faster_as_weight_product); True / False = always one; elsewhere exactly nn.Linear's product
+        self.block_as_weight_product = None if self.embed.device.type == "cpu" else False
         self.forwards = 0
         self.length = 0
         self.capacity = 0
@@ -189,6 +224,16 @@ class LeanModel:
         self.cos, self.signed_sin, self.swap = _rotary_tables(cos[0], sin[0])
         self.capacity = capacity
 
+    def _block_linear(self, t: int, weights: list[torch.Tensor]):
+        """The product for a block of `t` tokens through `weights`: F.linear for one token, else as
+        :attr:`block_as_weight_product` says (None: :func:`faster_as_weight_product` on this machine)."""
+        form = self.block_as_weight_product
+        if t == 1 or form is False:
+            return F.linear
+        if form is None:
+            form = faster_as_weight_product(weights, t)
+        return _linear_block if form else F.linear
+
     def __len__(self) -> int:
         """Number of positions held in the cache."""
         return self.length
@@ -208,7 +253,7 @@ class LeanModel:
         cos = self.cos[start:end][None, None]  # [1, 1, T, D]
         sin = self.signed_sin[start:end][None, None]
         swap = self.swap
-        linear = _linear_block if t > 1 and self.block_as_weight_product else F.linear
+        linear = self._block_linear(t, [w for w, _ in (*self.layers[0].qkv_o, *self.layers[0].mlp)])
         mask = None
         if t > 1 and start > 0:  # block after a prefix: query i sees keys 0 .. start + i
             keys = torch.arange(end, device=h.device)
@@ -233,6 +278,6 @@ class LeanModel:
             h = h + linear(F.silu(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
         self.length = end
         self.forwards += 1
-        head = _linear_block if keep > 1 and self.block_as_weight_product else F.linear
+        head = self._block_linear(keep, [self.head[0]])
         return head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(rows)])
 

@@ -53,7 +53,7 @@ SCRIPT = [(0, 9, 2), (9, 10, 1), (10, 15, 5), ("crop", 12), (12, 13, 1), (13, 18
           (13, 30, 3), (30, 31, 1), ("crop", 29), (29, 34, 5)]
 
 
-@pytest.mark.parametrize("block_product", ["weight-first", "as-nn-linear"])
+@pytest.mark.parametrize("block_product", ["weight-first", "as-nn-linear", "measured"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lean_logits_equal_hf_logits(name, block_product):
     """Bitwise equal with nn.Linear's product for blocks (the non-CPU path); equal up to float
@@ -62,8 +62,8 @@ def test_lean_logits_equal_hf_logits(name, block_product):
     assert lean_unsupported(model) is None
     ids = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
     hf, lean = CachedModel(model), LeanModel(model, capacity=16)
-    assert lean.block_as_weight_product  # CPU default
-    lean.block_as_weight_product = block_product == "weight-first"
+    assert lean.block_as_weight_product is None  # CPU default: the faster form per block size, measured
+    lean.block_as_weight_product = {"weight-first": True, "as-nn-linear": False, "measured": None}[block_product]
     with torch.inference_mode():
         for step in SCRIPT:
             if step[0] == "crop":
@@ -77,10 +77,28 @@ def test_lean_logits_equal_hf_logits(name, block_product):
             assert got.dtype == ref.dtype
             # float rounding: a block's keys/values feed the later steps too; bf16 rounds at 2^-8
             rounding = dict(rtol=2e-2, atol=2e-2) if ref.dtype == torch.bfloat16 else {}
-            tol = rounding if lean.block_as_weight_product else dict(rtol=0, atol=0)
+            tol = rounding if lean.block_as_weight_product is not False else dict(rtol=0, atol=0)
             torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{name} after {step}: {m}")
             assert len(lean) == len(hf) == b
     assert lean.capacity >= 34 and lean.forwards == hf.forwards == 8
+
+
+def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
+    from draftsmith.decode import lean as lean_module
+
+    monkeypatch.setattr(lean_module, "_BLOCK_FORM", {})
+    weights = [torch.randn(48, 32), torch.randn(32, 48)]
+    first = lean_module.faster_as_weight_product(weights, 3)
+    assert isinstance(first, bool) and len(lean_module._BLOCK_FORM) == 1
+    lean_module._BLOCK_FORM[next(iter(lean_module._BLOCK_FORM))] = not first  # remembered, not re-timed
+    assert lean_module.faster_as_weight_product(weights, 3) is (not first)
+    lean_module.faster_as_weight_product(weights, 4)
+    assert len(lean_module._BLOCK_FORM) == 2
+    lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
+    for t, form in ((3, True), (4, False)):
+        monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n, f={3: True, 4: False}: f[n])
+        assert lean._block_linear(t, []) is (lean_module._linear_block if form else torch.nn.functional.linear)
+    assert lean._block_linear(1, []) is torch.nn.functional.linear
 
 
 def test_unsupported_models_are_named_and_auto_falls_back():
