@@ -132,9 +132,10 @@ def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int =
     """
     import time
 
-    key = (weights[0].device.type, weights[0].dtype, torch.get_num_threads(), tuple(w.shape for w in weights), t)
+    size = t if t <= 16 else 1 << (t - 1).bit_length()  # prefills of many lengths: one timing per power of two
+    key = (weights[0].device.type, weights[0].dtype, torch.get_num_threads(), tuple(w.shape for w in weights), size)
     if key not in _BLOCK_FORM:
-        inputs = [torch.randn(1, t, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+        inputs = [torch.randn(1, size, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
         times = {False: [], True: []}
         with torch.inference_mode():
             for r in range(repeats + 1):

@@ -94,6 +94,9 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
     assert lean_module.faster_as_weight_product(weights, 3) is (not first)
     lean_module.faster_as_weight_product(weights, 4)
     assert len(lean_module._BLOCK_FORM) == 2
+    for t in (33, 40, 64):  # longer blocks (prefills) share one timing per power of two
+        lean_module.faster_as_weight_product(weights, t)
+    assert len(lean_module._BLOCK_FORM) == 3
     lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
     for t, form in ((3, True), (4, False)):
         monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n, f={3: True, 4: False}: f[n])
