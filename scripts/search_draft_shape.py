@@ -6,7 +6,8 @@ For a target, every candidate draft — the target's first N decoder layers for 
 
 1. costed without training: c and c_v per K on the --backend forward at a mid-decode context of a
    held-out prompt of --data (decode/timing.py cost_ratios, medians over --cost-repeats), because
-   the cost is the shape's, not the weights';
+   the cost is the shape's, not the weights' (c_v, the target's verify forward, is the same for every
+   draft: the median over the candidates is used for all, each one's own reading kept as c_v_own);
 2. distilled --steps steps into OUT/<candidate>/train (draftsmith.train.trainer.run: embeddings
    frozen, the reduced head trained on the same ids, the best held-out evaluation kept), because
    the acceptance of an untrained cut says little about the trained one;
@@ -399,6 +400,23 @@ def cost_candidates(args, target: str, target_model, tokenizer, found: list[dict
             costed.append({"draft": draft, "head": head, "name": name, "costs": costs, "vocab": vocab_info,
                            "parameters": draft_model.num_parameters(), "context_tokens": int(context.shape[1])})
         del draft_model
+    return pooled_verify_costs(costed)
+
+
+def pooled_verify_costs(costed: list[dict]) -> list[dict]:
+    """Every candidate's c_v replaced by the median over the candidates, per K (each one's own kept as c_v_own).
+
+    c_v is the target's forward over K+1 positions against its one-token forward: the same forward whatever the
+    draft, so its differences between candidates are timing noise. On SmolLM2 (session 9) it read 1.10-1.23 at
+    K=2 across four candidates, as wide as the predicted speedups' differences: ranked on their own c_v, the
+    candidates would be ordered by that noise.
+    """
+    import statistics
+
+    ks = costed[0]["costs"]["c_v"].keys() if costed else ()
+    pooled = {k: statistics.median(c["costs"]["c_v"][k] for c in costed) for k in ks}
+    for c in costed:
+        c["costs"] = {**c["costs"], "c_v_own": dict(c["costs"]["c_v"]), "c_v": dict(pooled)}
     return costed
 
 
