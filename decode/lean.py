@@ -202,6 +202,7 @@ class LeanModel:
         # multi-token blocks: None (CPU) = per block size, the faster of W @ x^T and F.linear on this machine
         # (faster_as_weight_product); True / False = always one; elsewhere exactly nn.Linear's product
         self.block_as_weight_product = None if self.embed.device.type == "cpu" else False
+        self._forms: dict[tuple[str, int], bool] = {}  # (layer | head, T) -> the measured form, for this model
         self.forwards = 0
         self.length = 0
         self.capacity = 0
@@ -225,14 +226,20 @@ class LeanModel:
         self.cos, self.signed_sin, self.swap = _rotary_tables(cos[0], sin[0])
         self.capacity = capacity
 
-    def _block_linear(self, t: int, weights: list[torch.Tensor]):
-        """The product for a block of `t` tokens through `weights`: F.linear for one token, else as
-        :attr:`block_as_weight_product` says (None: :func:`faster_as_weight_product` on this machine)."""
+    def _block_linear(self, t: int, where: str):
+        """The product for a block of `t` tokens through the decoder layers' matrices (`where` "layer") or the head
+        ("head"): F.linear for one token, else as :attr:`block_as_weight_product` says (None:
+        :func:`faster_as_weight_product` on this machine, looked up once per block size)."""
         form = self.block_as_weight_product
         if t == 1 or form is False:
             return F.linear
         if form is None:
-            form = faster_as_weight_product(weights, t)
+            key = (where, t)
+            if key not in self._forms:
+                weights = [self.head[0]] if where == "head" else [w for w, _ in (*self.layers[0].qkv_o,
+                                                                                   *self.layers[0].mlp)]
+                self._forms[key] = faster_as_weight_product(weights, t)
+            form = self._forms[key]
         return _linear_block if form else F.linear
 
     def __len__(self) -> int:
@@ -254,7 +261,7 @@ class LeanModel:
         cos = self.cos[start:end][None, None]  # [1, 1, T, D]
         sin = self.signed_sin[start:end][None, None]
         swap = self.swap
-        linear = self._block_linear(t, [w for w, _ in (*self.layers[0].qkv_o, *self.layers[0].mlp)])
+        linear = self._block_linear(t, "layer")
         mask = None
         if t > 1 and start > 0:  # block after a prefix: query i sees keys 0 .. start + i
             keys = torch.arange(end, device=h.device)
@@ -279,6 +286,6 @@ class LeanModel:
             h = h + linear(F.silu(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
         self.length = end
         self.forwards += 1
-        head = self._block_linear(keep, [self.head[0]])
+        head = self._block_linear(keep, "head")
         return head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(rows)])
 

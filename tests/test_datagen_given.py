@@ -50,12 +50,7 @@ def words(i: int, n: int) -> str:
     return " ".join(f"w{(i * 7 + j * 3) % 60}" for j in range(n))
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("models") / "target"
-    make_model("llama", seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+from test_datagen import target_dir  # noqa: E402,F401 - the tiny target of the datagen tests
 
 
 def config(target, prompts, out, **kwargs):

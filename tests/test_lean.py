@@ -100,8 +100,8 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
     lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
     for t, form in ((3, True), (4, False)):
         monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n, f={3: True, 4: False}: f[n])
-        assert lean._block_linear(t, []) is (lean_module._linear_block if form else torch.nn.functional.linear)
-    assert lean._block_linear(1, []) is torch.nn.functional.linear
+        assert lean._block_linear(t, "layer") is (lean_module._linear_block if form else torch.nn.functional.linear)
+    assert lean._block_linear(1, "layer") is torch.nn.functional.linear
 
 
 def test_unsupported_models_are_named_and_auto_falls_back():

@@ -18,6 +18,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from draftsmith.artifacts.errors import ConfigError
+
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """`model` without its DDP-style ``.module`` wrappers."""
@@ -56,7 +58,7 @@ def reduced_head(model: torch.nn.Module, ids: torch.Tensor | None):
         return
     head = unwrap(model).get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
-        raise TypeError(f"method.reduced_head needs the draft's output head to be a Linear layer; it is "
+        raise ConfigError(f"method.reduced_head needs the draft's output head to be a Linear layer; it is "
                         f"{type(head).__name__}: set method.reduced_head=false")
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
