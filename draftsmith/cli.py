@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from draftsmith.artifacts.errors import UserError
@@ -89,11 +90,43 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The console script (and ``python -m draftsmith``): a renamed key fails in one line naming its new name,
-    before Hydra's "Key not in" error about the old one."""
+    before Hydra's "Key not in" error about the old one: on the command line, and in a config file (a preset of
+    the user's that still writes ``method: lora`` in its method section)."""
     message = renamed_key_message(sys.argv[1:])
     if message:
         _fail(message)
-    _app()
+    if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own reports
+        _app()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors to us instead of printing them
+    try:
+        _app()
+    except CompactHydraException as exc:
+        _composition_failed(exc)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def _composition_failed(exc: Exception) -> None:
+    """A config file names a renamed key: one line; any other composition error: Hydra's own short report."""
+    import re
+
+    from omegaconf.errors import ConfigKeyError
+
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ConfigKeyError) and cause.full_key:
+        message = renamed_key_message([f"{cause.full_key}=..."])
+        if message:
+            where = re.match(r"In '([^']+)'", str(exc))
+            _fail(f"{'in the config ' + where.group(1) + '.yaml: ' if where else ''}{message.split(': write ')[0]}: "
+                  f"change that file ({message.split(' (', 1)[-1].rstrip(')')})")
+    from omegaconf.errors import OmegaConfBaseException
+
+    print(str(exc), file=sys.stderr)  # what Hydra prints for it (hydra/_internal/utils.py run_and_report)
+    if isinstance(exc.__cause__, OmegaConfBaseException):
+        print(str(exc.__cause__), file=sys.stderr)
+    print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,22 @@ def test_the_command_line_with_the_old_key_fails_in_one_line():
                                    "method.finetune=lora (method.method was renamed method.finetune)")
 
 
+def test_a_preset_file_with_the_old_key_fails_in_one_line(tmp_path):
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "mine.yaml").write_text("name: mine\nmethod: lora\n")  # a user's preset, pre-rename
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", f"hydra.searchpath=[file://{tmp_path}]",
+                           "method=mine", "--cfg", "job"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("draftsmith: error: in the config method/mine.yaml: method.method is now "
+                                   "method.finetune: change that file (method.method was renamed method.finetune)")
+    # any other composition error keeps Hydra's own report (and exit code)
+    (tmp_path / "method" / "typo.yaml").write_text("name: typo\nlos: fkl\n")
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", f"hydra.searchpath=[file://{tmp_path}]",
+                           "method=typo", "--cfg", "job"], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Key 'los' not in 'TrainSettings'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_train_config_json_with_the_old_field_fails_in_one_line(tmp_path):
     from draftsmith.train import trainer
 

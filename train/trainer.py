@@ -395,7 +395,7 @@ def run(cfg: TrainConfig) -> dict:
         ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device, vocab)
         history["eval"].append({"step": 0, **ev})
         accelerator.log(ev, step=0)
-    started, tokens = time.perf_counter(), 0
+    started, tokens, heldout = time.perf_counter(), 0, None
     for step in bar:
         step_metrics: dict[str, float] = {"on_policy_batches": 0}  # micro-batches sampled from the draft
         for micro in range(cfg.grad_accum):
@@ -433,12 +433,13 @@ def run(cfg: TrainConfig) -> dict:
         step_metrics["lr"] = scheduler.get_last_lr()[0]
         history["train"].append({"step": step + 1, **step_metrics})
         accelerator.log({f"train/{k}": v for k, v in step_metrics.items()}, step=step + 1)
-        bar.set_postfix(loss=f"{step_metrics['loss']:.4f}")
         done = step + 1 == cfg.steps
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or done) and heldout_rows:
             ev = evaluate(cfg, model, teacher, heldout_rows, pad_id, width, accelerator.device, vocab)
             history["eval"].append({"step": step + 1, **ev})
             accelerator.log(ev, step=step + 1)
+            key, value = checkpoint_score(ev, cfg.best_by)
+            heldout = f"{key.split('/')[-1]}@{step + 1}={value:.3f}"  # shown on the bar until the next evaluation
             if improves(history["best"], ev, cfg.best_by):
                 history["best"] = {"step": step + 1, **dict(zip(("metric", "value"), checkpoint_score(ev, cfg.best_by)))}
                 if cfg.keep_best:
@@ -448,6 +449,7 @@ def run(cfg: TrainConfig) -> dict:
                 accelerator.print(f"train: stopping at step {step + 1}: {cfg.patience} held-out evaluations without "
                                   f"a better {history['best']['metric']} than step {history['best']['step']}'s "
                                   f"{history['best']['value']:.4f} (method.patience)")
+        bar.set_postfix(loss=f"{step_metrics['loss']:.4f}", **({"heldout": heldout} if heldout else {}))
         if cfg.save_every and ((step + 1) % cfg.save_every == 0 or done):
             save_checkpoint(accelerator, out_dir, step + 1, history, cfg.keep_checkpoints,
                             tied=tied_parameter_names(accelerator.unwrap_model(model)), best_params=best_params)
