@@ -116,19 +116,39 @@ def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out[None]
 
 
+def _linear_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for one token [1, 1, in] -> [1, 1, out], computed as W @ [x; 0]^T (a two-column product).
+
+    MKL runs a matrix-vector product (what F.linear does for one row) on one thread here, a product with two
+    columns on all of them: on this project's 2-core AVX-512 host, the 211 matrices of a 30-layer model of
+    SmolLM2's shapes took 59.3 ms as F.linear and 35-39 ms as this (interleaved, medians of 14; session 10,
+    BENCHMARKS.md "The honest baseline"). The zero column costs nothing the memory traffic does not already pay.
+    """
+    x = x[0]
+    out = torch.mm(weight, torch.cat((x, torch.zeros_like(x))).T)[:, :1].T  # [1, out]
+    if bias is not None:
+        out = out + bias
+    return out[None]
+
+
 # (device, dtype, threads, the matrices' shapes, T) -> whether W @ x^T beats F.linear there, measured once
 _BLOCK_FORM: dict[tuple, bool] = {}
 
+STREAMED_BYTES = 256 << 20  # the matrices timed for a small block: enough to stream from memory, as a forward does
+
 
 def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int = 5) -> bool:
-    """Whether a block of `t` tokens through `weights` (a layer's matrices) runs faster as ``W @ x^T``
-    (:func:`_linear_block`) than as ``F.linear``, timed once per process on this machine (medians of `repeats`
-    interleaved runs on random inputs, a few milliseconds) and remembered.
+    """Whether `t` tokens through `weights` run faster as ``W @ x^T`` (:func:`_linear_block`; for one token
+    :func:`_linear_one`) than as ``F.linear``, timed once per process on this machine (medians of `repeats`
+    interleaved runs on random inputs) and remembered.
 
     Which form MKL runs faster depends on the CPU and on T, not on anything draftsmith can read: on the host
     where :func:`_linear_block` was introduced W @ x^T was 2x faster at T=5; on another 2-core AVX-512 host
     (session 9, a 30-layer model's shapes) F.linear was 2x faster at T=2-3 (6.0 vs 14.5 ms, 5.6 vs 10.9 ms),
-    equal-ish at 4-8, and W @ x^T 1.8x faster at T=16 (BENCHMARKS.md "A draft that pays on a real model").
+    equal-ish at 4-8, and W @ x^T 1.8x faster at T=16 (BENCHMARKS.md "A draft that pays on a real model"); on a
+    third (session 10) F.linear of one token ran on one of the two cores and W @ [x; 0]^T was 1.5x faster.
+    Pass the matrices a forward reads (the caller's :meth:`LeanModel._timed_weights`): timed on one layer's
+    alone, they sit in the cache and the comparison is not the one a forward makes.
     """
     import time
 
@@ -137,10 +157,11 @@ def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int =
     if key not in _BLOCK_FORM:
         inputs = [torch.randn(1, size, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
         times = {False: [], True: []}
+        product = _linear_one if size == 1 else _linear_block
         with torch.inference_mode():
             for r in range(repeats + 1):
                 for form in ((False, True) if r % 2 else (True, False)):
-                    f = _linear_block if form else F.linear
+                    f = product if form else F.linear
                     started = time.perf_counter()
                     for x, w in zip(inputs, weights):
                         f(x, w)
@@ -199,7 +220,7 @@ class LeanModel:
             weight, bias = self.head
             self.head = (weight[self.rows].contiguous(), None if bias is None else bias[self.rows].contiguous())
         self.rotary = inner.rotary_emb
-        # multi-token blocks: None (CPU) = per block size, the faster of W @ x^T and F.linear on this machine
+        # None (CPU) = per block size, the faster of W @ x^T (one token: W @ [x; 0]^T) and F.linear on this machine
         # (faster_as_weight_product); True / False = always one; elsewhere exactly nn.Linear's product
         self.block_as_weight_product = None if self.embed.device.type == "cpu" else False
         self._forms: dict[tuple[str, int], bool] = {}  # (layer | head, T) -> the measured form, for this model
@@ -227,20 +248,33 @@ class LeanModel:
         self.capacity = capacity
 
     def _block_linear(self, t: int, where: str):
-        """The product for a block of `t` tokens through the decoder layers' matrices (`where` "layer") or the head
-        ("head"): F.linear for one token, else as :attr:`block_as_weight_product` says (None:
-        :func:`faster_as_weight_product` on this machine, looked up once per block size)."""
+        """The product for `t` tokens through the decoder layers' matrices (`where` "layer") or the head ("head"):
+        as :attr:`block_as_weight_product` says (None: :func:`faster_as_weight_product` on this machine, looked
+        up once per block size; False: F.linear, nn.Linear's own product)."""
         form = self.block_as_weight_product
-        if t == 1 or form is False:
+        if form is False:
             return F.linear
         if form is None:
             key = (where, t)
             if key not in self._forms:
-                weights = [self.head[0]] if where == "head" else [w for w, _ in (*self.layers[0].qkv_o,
-                                                                                   *self.layers[0].mlp)]
-                self._forms[key] = faster_as_weight_product(weights, t)
+                self._forms[key] = faster_as_weight_product(self._timed_weights(where, t), t)
             form = self._forms[key]
-        return _linear_block if form else F.linear
+        if not form:
+            return F.linear
+        return _linear_one if t == 1 else _linear_block
+
+    def _timed_weights(self, where: str, t: int) -> list[torch.Tensor]:
+        """The matrices :func:`faster_as_weight_product` times for a block of `t` tokens: the head, or the
+        layers' in forward order up to :data:`STREAMED_BYTES` (from memory, as in a forward; one layer's for
+        prefill-sized blocks, whose products are bound by arithmetic, not by reading the weights)."""
+        if where == "head":
+            return [self.head[0]]
+        weights: list[torch.Tensor] = []
+        for layer in self.layers if t <= 16 else self.layers[:1]:
+            weights += [w for w, _ in (*layer.qkv_o, *layer.mlp)]
+            if sum(w.numel() * w.element_size() for w in weights) >= STREAMED_BYTES:
+                break
+        return weights
 
     def __len__(self) -> int:
         """Number of positions held in the cache."""

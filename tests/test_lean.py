@@ -101,7 +101,35 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
     for t, form in ((3, True), (4, False)):
         monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n, f={3: True, 4: False}: f[n])
         assert lean._block_linear(t, "layer") is (lean_module._linear_block if form else torch.nn.functional.linear)
-    assert lean._block_linear(1, "layer") is torch.nn.functional.linear
+    monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n: n == 1)
+    lean._forms.clear()
+    assert lean._block_linear(1, "layer") is lean_module._linear_one  # one token: W @ [x; 0]^T where measured faster
+    lean.block_as_weight_product = False
+    assert lean._block_linear(1, "layer") is lean._block_linear(3, "head") is torch.nn.functional.linear
+
+
+def test_one_token_as_a_two_column_product_is_f_linear():
+    from draftsmith.decode.lean import _linear_one
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 1, 32), torch.randn(48, 32), torch.randn(48)
+    for bias in (None, b):
+        got = _linear_one(x, w, bias)
+        assert got.shape == (1, 1, 48)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias))
+
+
+def test_the_forms_are_timed_on_the_matrices_a_forward_streams(monkeypatch):
+    from draftsmith.decode import lean as lean_module
+
+    lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
+    per_layer = [w for w, _ in (*lean.layers[0].qkv_o, *lean.layers[0].mlp)]
+    assert len(lean._timed_weights("layer", 3)) == len(per_layer) * len(lean.layers)  # a small model: all of them
+    assert len(lean._timed_weights("layer", 64)) == len(per_layer)  # prefill-sized: one layer's
+    assert lean._timed_weights("head", 1)[0] is lean.head[0]
+    one_layer = sum(w.numel() * w.element_size() for w in per_layer)
+    monkeypatch.setattr(lean_module, "STREAMED_BYTES", one_layer)  # a large model: stop once enough is read
+    assert len(lean._timed_weights("layer", 3)) == len(per_layer)
 
 
 def test_unsupported_models_are_named_and_auto_falls_back():
