@@ -110,8 +110,8 @@ def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     demo target's 5-token verify forward went from 25.6 to 18.4 ms (scripts/bench_decode.py,
     BENCHMARKS.md). The sums are the same up to rounding order (~1e-6 relative).
     """
-    out = torch.mm(weight, x[0].T).T  # [T, out]
-    if bias is not None:
+    out = torch.mm(weight, x[0].T).T.contiguous()  # [T, out], rows contiguous: SDPA's flash kernel needs its
+    if bias is not None:                             # inputs' last dimension dense (else it takes the math path)
         out = out + bias
     return out[None]
 
@@ -125,7 +125,7 @@ def _linear_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     BENCHMARKS.md "The honest baseline"). The zero column costs nothing the memory traffic does not already pay.
     """
     x = x[0]
-    out = torch.mm(weight, torch.cat((x, torch.zeros_like(x))).T)[:, :1].T  # [1, out]
+    out = torch.mm(weight, torch.cat((x, torch.zeros_like(x))).T)[:, 0].contiguous()[None]  # [1, out], dense
     if bias is not None:
         out = out + bias
     return out[None]
