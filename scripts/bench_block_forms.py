@@ -20,10 +20,6 @@ from draftsmith.decode.lean import LeanModel, _linear_block, _linear_one
 from draftsmith.decode.pair import load_model
 
 
-def timed(fn, repeats: int) -> list[float]:
-    return [fn() for _ in range(repeats)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a Llama-family model dir (e.g. the preset's float32 target)")
