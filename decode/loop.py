@@ -175,6 +175,9 @@ def speculative_generate(
         3. the target runs once over [x_n, d_1..d_k_r] -> k_r+1 distributions;
         4. verification keeps d_1..d_a and appends one target token (correction or bonus);
         5. both caches are cropped back to the accepted text; stop at the first EOS.
+    From round 2 on, the seconds of the draft steps, of the verification forward and of the whole round are
+    summed (``stats.draft_s``, ``verify_s``, ``rounds_s``): the costs c and c_v as the loop paid them
+    (eval/metrics.py ``in_loop_costs``), beside the ones timed apart (decode/timing.py).
     ``stats.rounds`` counts the verification forwards; ``target_forwards`` = 1 (prefill) + rounds;
     tau (``mean_accepted_tokens``) = tokens from the rounds / rounds, the prefill's token excluded.
     """
@@ -208,6 +211,7 @@ def speculative_generate(
     while not finished:  # round start: the target cache holds n-1 positions
         k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
         q_rows = []
+        round_start = _clock(device)
         for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in (all n at first: prefill), one draft out
             logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1, :width]  # [V]
             if greedy:
@@ -215,7 +219,9 @@ def speculative_generate(
             else:
                 q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
                 buf[0, n + i] = sample(q_rows[-1], generator)
+        drafted_at = _clock(device)
         p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # step 3: [k_r+1, V]
+        verified_at = _clock(device)
         drafts = buf[0, n : n + k_r]  # [k_r]
         if greedy:  # step 4
             n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
@@ -235,6 +241,8 @@ def speculative_generate(
         dft.crop(n + n_acc)
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
+        if stats.rounds > 1:  # the in-loop costs leave out round 1, whose first draft step is the draft's prefill
+            stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, _clock(device) - round_start)
 
     stats.total_s = _clock(device) - start
     stats.new_tokens = n - n_prompt

@@ -74,6 +74,10 @@ class SpeculativeStats(DecodeStats):
         draft_forwards: forward calls of the draft, prefill included.
         drafted_per_position / accepted_per_position: [k] counts for draft position i = 1..k.
         draft_backend: which cached forward ran the draft: "lean" or "hf".
+        timed_rounds / timed_draft_forwards: the rounds after the first, and the draft steps in them, whose
+            seconds are summed: draft_s (the draft steps), verify_s (the verification forwards) and rounds_s
+            (the whole rounds: the rest is verification, cache crops and bookkeeping). Round 1 is left out
+            because its first draft step is the draft's prefill.
     """
 
     k: int = 0
@@ -87,6 +91,11 @@ class SpeculativeStats(DecodeStats):
     accepted_per_position: list[int] = field(default_factory=list)
     draft_backend: str = "hf"
     overlap_sum: float | None = None  # sampling only: sum over drafted positions of sum_x min(p(x), q(x))
+    timed_rounds: int = 0
+    timed_draft_forwards: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rounds_s: float = 0.0
 
     def counts(self) -> AcceptanceCounts:
         """The acceptance counts of this decode (decode/acceptance.py derives every figure from them)."""
@@ -147,6 +156,15 @@ class SpeculativeStats(DecodeStats):
             self.drafted_per_position[i] += 1
             if i < n_accepted:
                 self.accepted_per_position[i] += 1
+
+    def record_costs(self, draft_steps: int, draft_s: float, verify_s: float, round_s: float) -> None:
+        """Add one timed round: `draft_steps` draft forwards taking `draft_s`, the verification forward `verify_s`,
+        the whole round `round_s` seconds."""
+        self.timed_rounds += 1
+        self.timed_draft_forwards += draft_steps
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.rounds_s += round_s
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -4,11 +4,14 @@ c   = draft forward of 1 token / target forward of 1 token,
 c_v = target forward of k+1 tokens / target forward of 1 token,
 all with the KV cache at the context length of a real prompt, medians over repeats.
 
-The target step is timed back to back, as plain decoding runs it. The draft steps and the
-verification forward are timed in the call pattern of a speculative round (verify k+1, then k
-draft steps, repeated), because that is how they run: on a CPU the first draft step after the
-target's forward is markedly slower than a draft step timed back to back (the target's weights
-have evicted the draft's from the caches). Back-to-back draft costs are reported beside them.
+The draft steps and the verification forward are timed in the call pattern of a speculative
+round (verify k+1, then k draft steps), because that is how they run: on a CPU the first draft
+step after the target's forward is markedly slower than a draft step timed back to back (the
+target's weights have evicted the draft's from the caches). Each repeat starts with a plain
+target step, and every ratio is the median of the repeats' own ratios, so that the drift of a
+shared machine over seconds cancels within a repeat. Back-to-back draft costs are reported
+beside them. These are costs timed apart, before or without decoding; the costs the decodes
+themselves paid are eval/metrics.py's ``in_loop_costs``.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
     the decode ran with, and `draft_vocab` the draft's reduced vocabulary as the decode used it.
 
     Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},
-    "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}.
+    "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}: seconds are medians over
+    the repeats, c and c_v medians of each repeat's ratio to its own target step. The decodes' own costs,
+    paid in the loop, are eval/metrics.py's ``in_loop_costs``.
     """
     capacity = context.shape[1] + max(ks) + 2
     tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=draft_vocab)
@@ -66,16 +71,23 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
         samples = [fn() for _ in range(repeats + 2)]  # two warm-up calls
         return statistics.median(samples[2:])
 
-    target_step = median_of(lambda: _timed(tgt, one, p))
     draft_step = median_of(lambda: _timed(dft, one, p))
+    # Each repeat times a plain target step, then each k's round pattern right after it, and the ratios are
+    # taken within the repeat: a machine whose speed drifts over seconds (a shared host) moves numerator and
+    # denominator together, where ratios of medians timed in separate bursts moved c_v by +-20% here.
+    steps, verify, drafts = [], {k: [] for k in ks}, {k: [] for k in ks}
+    for _ in range(repeats + 2):  # two warm-up repeats
+        steps.append(_timed(tgt, one, p))
+        for k in ks:
+            verify[k].append(_timed(tgt, one.repeat(1, k + 1), p))
+            drafts[k].append(sum(_timed(dft, one, p) for _ in range(k)) / k)
+    steps = steps[2:]
+    target_step = statistics.median(steps)
     out = {"target_step_s": target_step, "draft_step_s": draft_step, "c_isolated": draft_step / target_step,
            "c": {}, "c_v": {}, "draft_step_in_round_s": {}, "verify_s": {}}
     for k in ks:
-        verify, drafts = [], []
-        for _ in range(repeats + 2):
-            verify.append(_timed(tgt, one.repeat(1, k + 1), p))
-            drafts.append(sum(_timed(dft, one, p) for _ in range(k)) / k)
-        v, d = statistics.median(verify[2:]), statistics.median(drafts[2:])
-        out["verify_s"][k], out["draft_step_in_round_s"][k] = v, d
-        out["c_v"][k], out["c"][k] = v / target_step, d / target_step
+        v, d = verify[k][2:], drafts[k][2:]
+        out["verify_s"][k], out["draft_step_in_round_s"][k] = statistics.median(v), statistics.median(d)
+        out["c_v"][k] = statistics.median(x / s for x, s in zip(v, steps))
+        out["c"][k] = statistics.median(x / s for x, s in zip(d, steps))
     return out

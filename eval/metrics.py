@@ -43,6 +43,35 @@ class CellRecord:
     greedy_match: float | None  # share of prompts with identical outputs (greedy only)
     target_forwards: int
     draft_forwards: int
+    in_loop: dict | None = None  # in_loop_costs(): c, c_v and the predicted speedup as the decode paid them
+
+
+def in_loop_costs(alpha: float, k: int, baseline: list[DecodeStats], spec: list[SpeculativeStats]) -> dict | None:
+    """The cost ratios as the decodes themselves paid them, and the speedup they predict.
+
+    c = mean draft step / mean plain step and c_v = mean verification forward / mean plain step, the steps
+    taken from the runs (the plain runs' time per output token; the speculative runs' rounds after the first:
+    decode/loop.py), so that machine drift between a cost timing and the decodes does not enter. ``other`` is
+    the share of those rounds' time outside the draft steps and the verification forward (verification,
+    crops, bookkeeping); ``predicted_speedup`` the formula's value at these costs, which the measured
+    decode-phase speedup should approach (the prefill, the same for both, is in the measured one too).
+    None when no plain step or no timed round was measured.
+    """
+    steps = sum(b.new_tokens - 1 for b in baseline if b.new_tokens > 1)
+    rounds = sum(s.timed_rounds for s in spec)
+    forwards = sum(s.timed_draft_forwards for s in spec)
+    if not steps or not rounds or not forwards:
+        return None
+    step = sum(b.total_s - b.ttft_s for b in baseline if b.new_tokens > 1) / steps
+    if step <= 0:
+        return None
+    c = sum(s.draft_s for s in spec) / forwards / step
+    c_v = sum(s.verify_s for s in spec) / rounds / step
+    rounds_s = sum(s.rounds_s for s in spec)
+    forwards_s = sum(s.draft_s + s.verify_s for s in spec)
+    other = 1 - forwards_s / rounds_s if rounds_s > 0 else 0.0
+    return {"c": c, "c_v": c_v, "other": other, "plain_step_ms": step * 1e3,
+            "predicted_speedup": predicted_speedup(alpha, k, c, c_v)}
 
 
 def _latency(stats: list[DecodeStats]) -> dict:
@@ -102,6 +131,7 @@ def cell_record(k: int, temperature: float, baseline: list[DecodeStats], spec: l
         predicted_speedup=predicted_speedup(acc["token_acceptance"], k, c, c_v),
         baseline=_latency(baseline), speculative=_latency(spec),
         greedy_match=(sum(outputs_equal) / len(outputs_equal)) if outputs_equal else None,
+        in_loop=in_loop_costs(acc["token_acceptance"], k, baseline, spec),
     )
 
 

@@ -125,3 +125,31 @@ def test_report_names_each_acceptance_quantity_once(tmp_path):
         assert "α" not in cols and "acceptance" not in cols
     assert LEGEND in report and "Token acceptance α: accepted / tested" in LEGEND
     assert f"| {rec.acceptance_rate:.3f} | {rec.token_acceptance:.3f} |" in report  # 4/6 then 4/5
+
+
+def test_in_loop_costs_by_hand():
+    """Plain runs step at 0.5 s (after the first token); the speculative rounds after the first paid 0.1 s a draft
+    step and 0.6 s a verification forward, and 10% of their time went elsewhere."""
+    from draftsmith.eval.metrics import in_loop_costs
+
+    plain = [DecodeStats(new_tokens=5, ttft_s=1.0, total_s=3.0), DecodeStats(new_tokens=3, ttft_s=1.0, total_s=2.0)]
+    spec = []
+    for rounds in (2, 3):
+        s = SpeculativeStats(k=2)
+        for _ in range(rounds):
+            s.record_costs(2, 0.2, 0.6, 0.8 / 0.9)
+        spec.append(s)
+    costs = in_loop_costs(0.6, 2, plain, spec)
+    assert costs["plain_step_ms"] == pytest.approx(500.0)  # (2 + 1) s over (4 + 2) steps
+    assert costs["c"] == pytest.approx(0.2)  # 0.1 s / 0.5 s
+    assert costs["c_v"] == pytest.approx(1.2)
+    assert costs["other"] == pytest.approx(0.1)
+    assert costs["predicted_speedup"] == pytest.approx(predicted_speedup(0.6, 2, 0.2, 1.2))
+
+
+def test_in_loop_costs_are_none_without_a_timed_round():
+    from draftsmith.eval.metrics import in_loop_costs
+
+    plain = [DecodeStats(new_tokens=5, ttft_s=1.0, total_s=3.0)]
+    assert in_loop_costs(0.5, 2, plain, [spec_stats([(2, 1)], k=2)]) is None  # one round: nothing after the first
+    assert in_loop_costs(0.5, 2, [DecodeStats(new_tokens=1, ttft_s=1.0, total_s=1.0)], []) is None

@@ -190,3 +190,25 @@ def test_stats_serialise():
     assert d["accepted_per_position"] == [2, 2, 1] and d["mean_accepted_tokens"] == 3.5 and d["round_tokens"] == 7
     assert {"prefill_s", "ttft_s", "total_s", "decode_s", "tpot_s", "tokens_per_s", "draft_forwards"} <= d.keys()
     assert d["total_s"] >= d["ttft_s"] == d["prefill_s"] >= 0
+
+
+def test_the_rounds_after_the_first_are_timed_with_their_draft_steps(monkeypatch):
+    """A fake clock advanced by each forward (draft: 1 per call, target: 10 per call): the in-loop costs sum
+    the draft steps and verification forwards of rounds 2.. exactly, and the rest of a round is bookkeeping."""
+    clock = {"now": 0.0}
+    target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({5: 30}), V)
+    for model, cost in ((target, 10.0), (draft, 1.0)):
+        inner = model.forward
+
+        def timed(*args, _inner=inner, _cost=cost, **kwargs):
+            clock["now"] += _cost
+            return _inner(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", timed)
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["now"])
+    out = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=11, backend="hf")
+    s = out.stats
+    assert s.rounds == 3 and s.timed_rounds == 2  # round 1 (the draft's prefill) is left out
+    assert s.timed_draft_forwards == 3 + 2  # rounds 2 and 3 draft 3 and 2 tokens (the last block is short)
+    assert s.draft_s == 5.0 and s.verify_s == 20.0
+    assert s.rounds_s == s.draft_s + s.verify_s  # the fake clock moves only in forwards
