@@ -9,7 +9,10 @@ and every reader, on the ground floor so that stages that never import each othe
 | ``version.json`` (a registry version) | draftsmith/registry.py | the registry, the monitor, ``draftsmith-registry`` |
 
 A missing or malformed file is an :class:`ArtifactError` naming the path and the stage to run; the
-JSON writers are atomic (:func:`draftsmith.artifacts.write_json`). The fields of each JSON format are
+JSON writers are atomic (:func:`draftsmith.artifacts.write_json`). ``metrics.json`` and ``serving.json``
+are read into typed records (:class:`EvalMetrics`, :class:`ServingTable`): the document as written
+plus the lookups every reader makes (a draft's summary, the cell at a K, a draft's cells at a
+concurrency), so that no reader walks the JSON by hand. The fields of each JSON format are
 documented where it is produced (``eval.runner.run``, ``eval.serving``, ``draftsmith.registry``); the
 readers check the keys every reader relies on and the schema version.
 """
@@ -17,6 +20,7 @@ readers check the keys every reader relies on and the schema version.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.artifacts import write_json
@@ -105,9 +109,83 @@ def _file(path: str | Path, name: str) -> Path:
     return path / name if path.is_dir() else path
 
 
-def read_metrics(path: str | Path) -> dict:
+@dataclass(frozen=True)
+class EvalMetrics:
+    """A read ``metrics.json``: the document as written (``doc``, which the registry keeps a copy of) and the
+    lookups its readers make, so that no reader walks the JSON by hand. Fields: ``eval.runner.run``."""
+
+    path: Path
+    doc: dict
+
+    @property
+    def summary(self) -> dict[str, dict]:
+        """Per draft name: its summary (best K, speedup and interval, acceptance, k_choice, ...)."""
+        return self.doc["summary"]
+
+    @property
+    def records(self) -> list[dict]:
+        """One entry per (draft, K, temperature) cell."""
+        return self.doc["records"]
+
+    @property
+    def config(self) -> dict:
+        return self.doc.get("config") or {}
+
+    @property
+    def drafts(self) -> dict[str, str]:
+        """Draft name -> the directory the eval measured."""
+        return self.config.get("drafts") or {}
+
+    @property
+    def target(self) -> str | None:
+        return self.config.get("target")
+
+    @property
+    def eval_set(self) -> str | None:
+        """The eval-set id: equal ids mean the same target, prompts, K grid and decode settings."""
+        return self.doc.get("eval_set")
+
+    @property
+    def repeats(self) -> dict | None:
+        """The passes the eval took and why it stopped."""
+        return self.doc.get("repeats")
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.doc.get("warnings", [])
+
+    @property
+    def draft_vocab(self) -> dict | None:
+        """The reduced draft vocabulary the figures were measured with (eval.draft_vocab), or None."""
+        return self.doc.get("draft_vocab")
+
+    def draft(self, name: str) -> dict:
+        """The summary of draft `name`; :class:`ArtifactError` naming the file and the drafts it has otherwise."""
+        if name not in self.summary:
+            raise ArtifactError(f"{self.path} has no draft {name!r} in its summary (it has {sorted(self.summary)}); "
+                                "run the eval stage again")
+        return self.summary[name]
+
+    def record(self, draft: str, k: int, temperature: float | None = None) -> dict | None:
+        """The cell of `draft` at `k` (and `temperature`; None: the draft's summary temperature), or None."""
+        if temperature is None:
+            temperature = (self.summary.get(draft) or {}).get("temperature")
+        return next((r for r in self.records if r.get("draft") == draft and r.get("k") == k
+                     and r.get("temperature") == temperature), None)
+
+    def chosen_record(self, draft: str) -> dict | None:
+        """The cell the summary of `draft` was taken from: its best K at its summary temperature."""
+        return self.record(draft, self.draft(draft)["best_k"])
+
+
+def read_metrics(path: str | Path) -> EvalMetrics:
     """An eval's ``metrics.json`` (`path` is the file or its directory)."""
-    return read_json(_file(path, "metrics.json"), what="eval metrics.json", run="run the eval stage", keys=METRICS_KEYS)
+    path = _file(path, "metrics.json")
+    doc = read_json(path, what="eval metrics.json", run="run the eval stage", keys=METRICS_KEYS)
+    if not isinstance(doc["summary"], dict) or not isinstance(doc["records"], list):
+        raise ArtifactError(f"{path}: 'summary' is not an object or 'records' not a list: not an eval metrics.json; "
+                            "run the eval stage again")
+    return EvalMetrics(path, doc)
 
 
 def write_metrics(out_dir: str | Path, metrics: dict) -> Path:
@@ -115,14 +193,62 @@ def write_metrics(out_dir: str | Path, metrics: dict) -> Path:
     return write_json(Path(out_dir) / "metrics.json", metrics)
 
 
-def read_serving(path: str | Path) -> dict:
+@dataclass(frozen=True)
+class ServingTable:
+    """A read ``serving.json``: the document as written (``doc``) and the lookups its readers make.
+    Fields: ``eval.serving``."""
+
+    path: Path
+    doc: dict
+
+    @property
+    def cells(self) -> list[dict]:
+        """Every cell: per (draft, K, concurrency or request rate); K None for the plain baseline's own cells."""
+        return self.doc["cells"]
+
+    @property
+    def scheduled_cells(self) -> list[dict]:
+        """The cells of the exported K schedule's column (empty when it was not measured)."""
+        return (self.doc.get("scheduled") or {}).get("cells") or []
+
+    @property
+    def drafts(self) -> dict[str, str]:
+        """Draft name -> the directory the serving A/B served."""
+        return self.doc.get("drafts") or {}
+
+    @property
+    def settings(self) -> dict:
+        """The serve.* settings it ran with."""
+        return self.doc.get("settings") or {}
+
+    @property
+    def added_passes(self) -> dict | None:
+        """The passes added at the decision level to settle a verdict, or None."""
+        return self.doc.get("added_passes")
+
+    def basis(self) -> dict:
+        """What a cell's figures depend on besides the serve.* settings: vLLM's version and device, the dtype, the
+        number of prompts."""
+        return {"vllm": self.doc.get("vllm"), "dtype": self.doc.get("dtype"), "prompts": self.doc.get("prompts")}
+
+    def cells_of(self, draft: str) -> list[dict]:
+        """The closed-loop cells (a concurrency level) of `draft` with a known K."""
+        return [c for c in self.cells
+                if c.get("draft") == draft and c.get("concurrency") is not None and c.get("k") is not None]
+
+    def cell(self, draft: str, concurrency: int, k: int) -> dict | None:
+        """The closed-loop cell of `draft` at `concurrency` and `k`, or None."""
+        return next((c for c in self.cells_of(draft) if c["concurrency"] == concurrency and c["k"] == k), None)
+
+
+def read_serving(path: str | Path) -> ServingTable:
     """The serving A/B's ``serving.json`` (`path` is the file or its directory)."""
     path = _file(path, "serving.json")
     doc = read_json(path, what="serving A/B output (serving.json)",
                     run="run the serve stage (stages=[serve,promote] serve.engine=vllm)", keys=SERVING_KEYS)
     if not isinstance(doc["cells"], list):
         raise ArtifactError(f"{path}: 'cells' is not a list: not a serving A/B output; run the serve stage again")
-    return doc
+    return ServingTable(path, doc)
 
 
 def write_serving(out_dir: str | Path, serving: dict) -> Path:

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith.artifacts import atomic_dir, write_json, write_text
+from draftsmith.artifacts.formats import read_metrics
 from draftsmith.artifacts.hashing import config_hash, figures_of, stage_digest
 from draftsmith.decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
@@ -340,10 +341,10 @@ class Pipeline:
             inputs["train"] = self._upstream("train", self.out / "train")
 
         def body(run):
-            metrics = runner.run(runner.EvalConfig(
+            runner.run(runner.EvalConfig(
                 **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
                 target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device, **decide))
-            log_eval(run, metrics)
+            log_eval(run, read_metrics(out))  # what was written, through the one reader
 
         self._stage("eval", out, section, body, inputs=inputs)
 

@@ -40,7 +40,6 @@ the production draft the decision was taken against, or None when there was none
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint,
 from draftsmith.registry import RegistryError, target_mismatch
 from draftsmith.eval.gates import PROMOTED, REFUSED, decide
 from draftsmith.eval.intervals import difference_ci, units_from_passes
-from draftsmith.artifacts.formats import ArtifactError, read_json, read_metrics, read_serving
+from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, decision_level, k_bands,  # noqa: F401 (k_bands)
                                           throughput_scale)
@@ -66,20 +65,20 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
     else None (the batch-1 eval's figures)."""
     metrics_path = Path(out_dir) / "eval" / "metrics.json"
     metrics = read_metrics(metrics_path)
-    name, draft_dir = _candidate(metrics, metrics_path)
+    name, draft_dir = _candidate(metrics)
     p = cfg.promote
     gates = p.gates()
     # hashing and loading happen before the lock, so the locked section stays short
     candidate_fp = fingerprint(draft_dir)
     measured = _measured_production(metrics)
-    target = target_identity(metrics["config"]["target"]) if metrics["config"].get("target") else None
+    target = target_identity(metrics.target) if metrics.target else None
     serving = read_serving(serving_path) if serving_path is not None else None
     view = _serving_candidate(serving, name, metrics, p.serving_concurrency)
     served = _served_production(serving, measured) if view else None
-    candidate = view or metrics["summary"][name]
+    candidate = view or metrics.draft(name)
     info = candidate.get("serving")  # the serving A/B figures the decision is taken on, or None (batch 1)
     base = {"name": p.name, "candidate_draft": str(draft_dir), "candidate_name": name,
-            "eval_set": metrics.get("eval_set"), "registry": None, "target": target,
+            "eval_set": metrics.eval_set, "registry": None, "target": target,
             "basis": "serving" if info else "batch-1", "serving": info,
             "measurement": _measurement(metrics, serving if info else None)}
 
@@ -122,10 +121,10 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if not record["promote"]:
             return record
 
-        stored = info and {"table": serving, "concurrency": info["concurrency"],
+        stored = info and {"table": serving.doc, "concurrency": info["concurrency"],
                            "k_by_concurrency": info["k_by_concurrency"]}
         vocab = Path(out_dir) / "eval" / "draft_vocab.json"  # eval.draft_vocab: the ids the figures were measured with
-        version = tx.register(draft_dir, metrics=metrics, promotion=record, k=candidate["best_k"],
+        version = tx.register(draft_dir, metrics=metrics.doc, promotion=record, k=candidate["best_k"],
                               aliases=[p.alias], source={"out_dir": str(out_dir), "config": asdict(cfg)},
                               target=target, draft_fingerprint=candidate_fp, serving=stored,
                               files={vocab.name: vocab} if vocab.exists() else None, schedule=p.k_schedule)
@@ -146,13 +145,12 @@ def _decide(candidate: dict, gates, champion: dict | None = None, label: str | N
     return record
 
 
-def _measurement(metrics: dict, serving: dict | None) -> dict:
+def _measurement(metrics: EvalMetrics, serving: ServingTable | None) -> dict:
     """How much was measured before the decision: the eval's passes and why they stopped (metrics.json "repeats"),
     and the serving A/B's passes per level when the decision is taken on it."""
-    out = {"eval": metrics.get("repeats")}
+    out = {"eval": metrics.repeats}
     if serving is not None:
-        out["serving"] = {"repeats": (serving.get("settings") or {}).get("repeats", 1),
-                          "added_passes": serving.get("added_passes")}
+        out["serving"] = {"repeats": serving.settings.get("repeats", 1), "added_passes": serving.added_passes}
     return out
 
 
@@ -164,33 +162,30 @@ def _timed_units(entry: dict | None):
     return units_from_passes(timings["plain_s"], timings["spec_s"])
 
 
-def _eval_difference(metrics: dict, name: str, candidate: dict, champion: dict) -> list[float] | None:
+def _eval_difference(metrics: EvalMetrics, name: str, candidate: dict, champion: dict) -> list[float] | None:
     """The interval of candidate - production speedup from the eval's paired timings at their chosen K."""
     def units(draft: str, summary: dict):
-        return _timed_units(next((r for r in metrics.get("records", []) if r.get("draft") == draft
-                                  and r.get("k") == summary["best_k"]
-                                  and r.get("temperature") == summary.get("temperature")), None))
+        return _timed_units(metrics.record(draft, summary["best_k"], summary.get("temperature")))
 
     a, b = units(name, candidate), units("production", champion)
     return difference_ci(a, b) if a and b else None
 
 
-def _candidate(metrics: dict, metrics_path: Path) -> tuple[str, Path]:
+def _candidate(metrics: EvalMetrics) -> tuple[str, Path]:
     """(summary name, draft dir) of the candidate: the trained draft, else the base draft."""
-    summary = metrics["summary"]
-    name = "trained" if "trained" in summary else "base"
-    if name not in summary:
-        raise RegistryError(f"{metrics_path} has no 'trained' or 'base' draft in its summary; re-run eval")
-    draft_dir = Path(metrics["config"]["drafts"][name])
+    name = "trained" if "trained" in metrics.summary else "base"
+    if name not in metrics.summary or name not in metrics.drafts:
+        raise RegistryError(f"{metrics.path} has no 'trained' or 'base' draft in its summary; re-run eval")
+    draft_dir = Path(metrics.drafts[name])
     if not (draft_dir / "config.json").exists():
         raise RegistryError(f"the evaluated draft {draft_dir} is gone (no config.json); re-run train and eval")
     return name, draft_dir
 
 
-def _measured_production(metrics: dict) -> dict | None:
+def _measured_production(metrics: EvalMetrics) -> dict | None:
     """{"path", "fingerprint", "version": None} of the production draft this eval measured, or None."""
-    path = metrics["config"].get("drafts", {}).get("production")
-    if path is None or "production" not in metrics["summary"]:
+    path = metrics.drafts.get("production")
+    if path is None or "production" not in metrics.summary:
         return None
     present = (Path(path) / "config.json").exists()
     return {"path": path, "fingerprint": fingerprint(path) if present else None, "version": None}
@@ -209,13 +204,13 @@ def _is_measured(production: dict, measured: dict | None) -> bool:
 
 
 def _champion(tx: RegistryTransaction, alias: str, production: dict | None, measured: dict | None,
-              metrics: dict) -> tuple[dict | None, dict | None, str | None]:
+              metrics: EvalMetrics) -> tuple[dict | None, dict | None, str | None]:
     """(champion summary, compared_with, refusal reason) for the production draft read under the lock."""
     if production is None:
         return None, None, None
-    number, eval_set = production["version"], metrics.get("eval_set")
+    number, eval_set = production["version"], metrics.eval_set
     if _is_measured(production, measured):
-        champion = metrics["summary"]["production"]
+        champion = metrics.draft("production")
         return champion, _compared(number, champion, MEASURED, eval_set), None
     recorded, recorded_set = _recorded(tx, number)
     if recorded is not None and eval_set is not None and recorded_set == eval_set:
@@ -237,9 +232,8 @@ def _champion(tx: RegistryTransaction, alias: str, production: dict | None, meas
 def _recorded(tx: RegistryTransaction, number: int) -> tuple[dict | None, str | None]:
     """(summary it was promoted on, eval_set id of its metrics.json) of version `number`."""
     summary = tx.resolve(number).get("summary")
-    path = tx.path(number) / "metrics.json"
     try:
-        eval_set = read_json(path, what="eval metrics.json", run="promote it again").get("eval_set")
+        eval_set = read_metrics(tx.path(number)).eval_set
     except ArtifactError:  # an unreadable record compares with nothing
         eval_set = None
     if summary and summary.get("batch1"):  # promoted on the serving A/B: its batch-1 figures, kept beside
@@ -304,12 +298,6 @@ _UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats",
                         "slo_ttft_ms", *where_settings(ServingSettings))
 
 
-def _draft_cells(serving: dict | None, draft: str) -> list[dict]:
-    """The closed-loop cells of `draft` with a known K."""
-    return [c for c in (serving or {}).get("cells", [])
-            if c.get("draft") == draft and c.get("concurrency") is not None and c.get("k") is not None]
-
-
 def _at_level(cells: list[dict], level: int) -> dict | None:
     """One draft's serving figures at one concurrency: {"best_k" (0 = off), "speedup" (1.0 when off),
     "speedup_ci95", "choice" (best_k_per_concurrency's entry), "top": the chosen K's cell (None when no speedup
@@ -323,33 +311,30 @@ def _at_level(cells: list[dict], level: int) -> dict | None:
             "choice": choice, "top": top}
 
 
-def _serving_difference(serving: dict, name: str, candidate: dict, champion: dict, level: int) -> list[float] | None:
+def _serving_difference(serving: ServingTable, name: str, candidate: dict, champion: dict,
+                        level: int) -> list[float] | None:
     """The interval of candidate - production serving speedup at `level` from the cells' paired latencies (their
     chosen K; None when either is "off" or has no timings)."""
-    def units(draft: str, k: int):
-        cell = next((c for c in _draft_cells(serving, draft) if c["concurrency"] == level and c["k"] == k), None)
-        return _timed_units(cell)
-
     if not candidate["best_k"] or not champion.get("best_k"):
         return None
-    cells = [next((c for c in _draft_cells(serving, draft) if c["concurrency"] == level and c["k"] == k), None)
-             for draft, k in ((name, candidate["best_k"]), ("production", champion["best_k"]))]
-    a, b = units(name, candidate["best_k"]), units("production", champion["best_k"])
+    cells = [serving.cell(name, level, candidate["best_k"]), serving.cell("production", level, champion["best_k"])]
+    a, b = (_timed_units(c) for c in cells)
     if not (a and b):
         return None  # the throughput speedups' difference: each latency ratio scaled as its cell's interval is
     return difference_ci(a, b, scale_a=throughput_scale(cells[0]), scale_b=throughput_scale(cells[1]))
 
 
-def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested: int | None) -> dict | None:
+def _serving_candidate(serving: ServingTable | None, name: str, metrics: EvalMetrics,
+                       requested: int | None) -> dict | None:
     """The candidate's gate summary taken from the serving A/B at the serving concurrency (the batch-1 summary
-    kept under "batch1"), or None when the serving A/B has no cells of `name`."""
-    cells = _draft_cells(serving, name)
+    kept under "batch1"), or None when there is no serving A/B or it has no cells of `name`."""
+    cells = serving.cells_of(name) if serving is not None else []
     if not cells:
         return None
     levels = sorted({c["concurrency"] for c in cells})
     level, note = decision_level(levels, requested)
     at = _at_level(cells, level)
-    top, batch1 = at["top"], metrics["summary"][name]
+    top, batch1 = at["top"], metrics.draft(name)
     accepted, source = _acceptance(top, name, at["best_k"], metrics)
     choice = at["choice"]
     info = {"draft": name, "concurrency": level, "requested_concurrency": requested, "measured_concurrency": levels,
@@ -357,7 +342,7 @@ def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested
             "best_speedup_ci95": choice["best_speedup_ci95"], "indistinguishable_k": choice["indistinguishable"],
             "repeats": top and top.get("repeats"),
             "tpot_ratio": top.get("tpot_ratio") if top and at["best_k"] else None,
-            "outputs_unequal": [_cell_name(c) for c in cells + ((serving.get("scheduled") or {}).get("cells") or [])
+            "outputs_unequal": [_cell_name(c) for c in cells + serving.scheduled_cells
                                 if c.get("outputs_equal") is False and c.get("draft") == name],
             "k_by_concurrency": k_bands(best_k_per_concurrency(cells))}
     return {"best_k": at["best_k"], "speedup": at["speedup"], "speedup_ci95": at["speedup_ci95"],
@@ -366,14 +351,13 @@ def _serving_candidate(serving: dict | None, name: str, metrics: dict, requested
             "serving": info}
 
 
-def _acceptance(cell: dict | None, name: str, k: int, metrics: dict) -> tuple[float, str]:
+def _acceptance(cell: dict | None, name: str, k: int, metrics: EvalMetrics) -> tuple[float, str]:
     """(acceptance rate, where it comes from): vLLM's at the cell, else the eval's at that K, else at its best K."""
     if cell is not None and cell.get("acceptance_rate") is not None:
         return cell["acceptance_rate"], f"vLLM at K={cell['k']}, concurrency {cell['concurrency']}"
-    s = metrics["summary"][name]
-    record = next((r for r in metrics.get("records", []) if r.get("draft") == name and r.get("k") == k
-                   and r.get("temperature") == s.get("temperature") and "acceptance_rate" in r), None)
-    if record is not None:
+    s = metrics.draft(name)
+    record = metrics.record(name, k)
+    if record is not None and "acceptance_rate" in record:
         return record["acceptance_rate"], f"eval (batch 1) at K={k}"
     return s["acceptance_rate"], f"eval (batch 1) at its best K={s['best_k']}"
 
@@ -386,10 +370,10 @@ def _cell_name(cell: dict) -> str:
             f"({cell.get('mismatches')} of {cell.get('compared')} requests{where})")
 
 
-def _served_production(serving: dict, measured: dict | None) -> dict | None:
+def _served_production(serving: ServingTable, measured: dict | None) -> dict | None:
     """{"path", "fingerprint", "version": None} of the draft the serving A/B measured as "production", or None."""
-    path = (serving.get("drafts") or {}).get("production")
-    if path is None or not _draft_cells(serving, "production"):
+    path = serving.drafts.get("production")
+    if path is None or not serving.cells_of("production"):
         return None
     if measured is not None and str(path) == str(measured["path"]):
         return measured
@@ -398,14 +382,15 @@ def _served_production(serving: dict, measured: dict | None) -> dict | None:
 
 
 def _serving_champion(tx: RegistryTransaction, alias: str, production: dict | None, served: dict | None,
-                      metrics: dict, serving: dict, level: int) -> tuple[dict | None, dict | None, str | None]:
+                      metrics: EvalMetrics, serving: ServingTable,
+                      level: int) -> tuple[dict | None, dict | None, str | None]:
     """(champion figures, compared_with, refusal reason) at concurrency `level` for the production draft read under
     the lock: measured in this serving A/B, else recorded with its version (same eval set and serving settings)."""
     if production is None:
         return None, None, None
-    number, eval_set = production["version"], metrics.get("eval_set")
+    number, eval_set = production["version"], metrics.eval_set
     if _is_measured(production, served):
-        figures = _at_level(_draft_cells(serving, "production"), level)
+        figures = _at_level(serving.cells_of("production"), level)
         if figures is not None:
             source = f"measured in this serving A/B at concurrency {level}"
             return figures, _compared(number, figures, source, eval_set, level), None
@@ -422,7 +407,7 @@ def _serving_champion(tx: RegistryTransaction, alias: str, production: dict | No
                         f"{alias} draft beside the candidate")
 
 
-def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None, serving: dict,
+def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None, serving: ServingTable,
                       level: int) -> tuple[dict | None, str]:
     """(version `number`'s serving figures at `level` from its stored serving.json, or None and why not)."""
     draft = (((tx.resolve(number).get("summary") or {}).get("serving")) or {}).get("draft")
@@ -439,18 +424,17 @@ def _recorded_serving(tx: RegistryTransaction, number: int, eval_set: str | None
     differ = _setting_differences(stored, serving)
     if differ:
         return None, f"v{number}'s serving A/B ran with other settings ({', '.join(differ)})"
-    figures = _at_level(_draft_cells(stored, draft), level)
+    figures = _at_level(stored.cells_of(draft), level)
     if figures is None:
         return None, f"v{number}'s serving A/B did not measure concurrency {level}"
     return figures, ""
 
 
-def _setting_differences(a: dict, b: dict) -> list[str]:
+def _setting_differences(a: ServingTable, b: ServingTable) -> list[str]:
     """The keys on which two serving.json runs differ in a way that changes their figures."""
-    def basis(s: dict) -> dict:
-        settings = {f"serve.{k}": v for k, v in (s.get("settings") or {}).items()
-                    if k not in _UNCOMPARED_SETTINGS}
-        return {"vllm": s.get("vllm"), "dtype": s.get("dtype"), "prompts": s.get("prompts"), **settings}
+    def basis(s: ServingTable) -> dict:
+        settings = {f"serve.{k}": v for k, v in s.settings.items() if k not in _UNCOMPARED_SETTINGS}
+        return {**s.basis(), **settings}
 
     x, y = basis(a), basis(b)
     return sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))

@@ -58,16 +58,16 @@ def summarize(out: Path, ran: dict[str, str]) -> dict:
     metrics_path = out / "eval" / "metrics.json"
     if metrics_path.exists():
         metrics = read_metrics(metrics_path)
-        result["drafts"] = metrics["summary"]
+        result["drafts"] = metrics.summary
         result["report"] = str(out / "eval" / "report.md")
-        result["warnings"] = metrics.get("warnings", [])
-        result["draft_vocab"] = metrics.get("draft_vocab")
+        result["warnings"] = metrics.warnings
+        result["draft_vocab"] = metrics.draft_vocab
     serving_path = out / "serve" / "serving.json"
     if serving_path.exists():
         from draftsmith.eval.serving_stats import summary_lines
 
         serving = read_serving(serving_path)
-        result["serving"] = {"lines": summary_lines(serving), "path": str(serving_path)}
+        result["serving"] = {"lines": summary_lines(serving.doc), "path": str(serving_path)}
     promotion_path = out / "promote" / "promotion.json"
     if promotion_path.exists():
         promotion = json.loads(promotion_path.read_text())

@@ -38,12 +38,12 @@ def collect(sweep_dir: str | Path) -> list[dict]:
     for path in paths:
         job = path.parent.parent
         metrics = read_metrics(path)  # ArtifactError (one line) on a damaged file
-        for draft, s in metrics["summary"].items():
+        for draft, s in metrics.summary.items():
             rows.append({"job": str(job.relative_to(sweep_dir)), "overrides": _overrides(job), "draft": draft,
                          "best_k": s["best_k"], "speedup": s["speedup"], "speedup_ci95": s.get("speedup_ci95"),
                          "acceptance_rate": s["acceptance_rate"],
                          "mean_accepted_tokens": s["mean_accepted_tokens"], "greedy_match": s.get("greedy_match"),
-                         "eval_set": metrics.get("eval_set")})
+                         "eval_set": metrics.eval_set})
     return sorted(rows, key=lambda r: -r["speedup"])
 
 

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from draftsmith.artifacts.formats import EvalMetrics
 from draftsmith.config import TrackingConfig
 
 
@@ -110,18 +111,16 @@ def is_tracking_error(exc: BaseException) -> bool:
     return False
 
 
-def log_eval(run: StageRun, metrics: dict) -> None:
+def log_eval(run: StageRun, metrics: EvalMetrics) -> None:
     """Eval metrics: summary per draft, the K table as a wandb.Table, per-position acceptance bars."""
     if run.run is None:
         return
     try:
         import wandb
 
-        from draftsmith.eval.runner import best_record
-
-        flat = {f"eval/{draft}/{key}": value for draft, summary in metrics["summary"].items()
+        flat = {f"eval/{draft}/{key}": value for draft, summary in metrics.summary.items()
                 for key, value in summary.items() if isinstance(value, (int, float))}
-        for draft, summary in metrics["summary"].items():  # the interval as two numbers W&B can chart
+        for draft, summary in metrics.summary.items():  # the interval as two numbers W&B can chart
             if summary.get("speedup_ci95"):
                 flat[f"eval/{draft}/speedup_ci95_lo"], flat[f"eval/{draft}/speedup_ci95_hi"] = summary["speedup_ci95"]
         columns = ["draft", "k", "temperature", "acceptance_rate", "token_acceptance", "mean_accepted_tokens",
@@ -133,10 +132,10 @@ def log_eval(run: StageRun, metrics: dict) -> None:
                 return None if ci is None else ci[0 if column.endswith("lo") else 1]
             return record.get(column)
 
-        table = wandb.Table(columns=columns, data=[[value(r, c) for c in columns] for r in metrics["records"]])
+        table = wandb.Table(columns=columns, data=[[value(r, c) for c in columns] for r in metrics.records])
         charts = {"eval/k_table": table}
-        for draft, summary in metrics["summary"].items():
-            best = best_record(metrics, draft)
+        for draft in metrics.summary:
+            best = metrics.chosen_record(draft)
             bars = wandb.Table(columns=["position", "acceptance"],
                                data=[[i + 1, a] for i, a in enumerate(best["per_position_acceptance"])])
             charts[f"eval/{draft}/per_position_acceptance"] = wandb.plot.bar(

@@ -25,7 +25,7 @@ import torch
 
 from draftsmith.decode import autoregressive_generate, speculative_generate
 from draftsmith.artifacts import atomic_dir, provenance
-from draftsmith.artifacts.formats import read_datagen, read_metrics, write_metrics
+from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.eos import eos_token_id
@@ -359,13 +359,3 @@ def run(cfg: EvalConfig) -> dict:
     return metrics
 
 
-def best_record(metrics: dict, draft: str) -> dict:
-    """The metrics.json record of `draft`'s summary cell (its best K at the summary's temperature)."""
-    s = metrics["summary"][draft]
-    return next(r for r in metrics["records"]
-                if r["draft"] == draft and r["k"] == s["best_k"] and r["temperature"] == s["temperature"])
-
-
-def load_metrics(path: str | Path) -> dict:
-    """metrics.json of an eval output (`path`: the file or its directory); :func:`draftsmith.artifacts.formats.read_metrics`."""
-    return read_metrics(path)

@@ -47,10 +47,10 @@ from draftsmith.artifacts.formats import write_serving
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
-from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
+from draftsmith.serve.server import VllmServer, require_vllm
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, difference_ci, format_ci, verdict
-from draftsmith.eval.load import LoadResult, run_load
+from draftsmith.eval.load import run_load
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_units, compare_reference,  # noqa: F401
                                           decision_level, k_bands, make_cell, merge_passes, summarize,

@@ -96,10 +96,8 @@ def serving_acceptance(path: Path, summary: dict, k, concurrency) -> tuple[Optio
     draft = (summary.get("serving") or {}).get("draft")
     if not path.exists() or draft is None or concurrency is None:
         return None, None
-    cells = read_serving(path)["cells"]
-    cell = next((c for c in cells if c.get("draft") == draft and c.get("k") == k
-                 and c.get("concurrency") == concurrency and c.get("acceptance_rate") is not None), None)
-    if cell is None:
+    cell = read_serving(path).cell(draft, concurrency, k)
+    if cell is None or cell.get("acceptance_rate") is None:
         return None, None
     return cell["acceptance_rate"], f"vLLM serving A/B at K={k}, concurrency {concurrency}"
 
@@ -111,8 +109,8 @@ def serving_first_position(path: Path, summary: dict, k, concurrency) -> tuple[O
     draft = (summary.get("serving") or {}).get("draft")
     if not path.exists() or draft is None or concurrency is None:
         return None, None
-    cells = [c for c in read_serving(path)["cells"] if c.get("draft") == draft and c.get("concurrency") == concurrency
-             and (c.get("k") or 0) > 0 and (c.get("per_position_acceptance") or [None])[0] is not None]
+    cells = [c for c in read_serving(path).cells_of(draft) if c["concurrency"] == concurrency
+             and c["k"] > 0 and (c.get("per_position_acceptance") or [None])[0] is not None]
     if not cells:
         return None, None
     cell = min(cells, key=lambda c: (c["k"] != k, c["k"]))

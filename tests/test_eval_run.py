@@ -7,7 +7,8 @@ import pytest
 from conftest import make_model, perturbed_copy
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.artifacts.formats import ArtifactError
-from draftsmith.eval.runner import EvalConfig, EvalError, load_metrics, run
+from draftsmith.artifacts.formats import read_metrics as load_metrics
+from draftsmith.eval.runner import EvalConfig, EvalError, run
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
 
@@ -36,7 +37,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
                      data_dir=str(setup / "data"), out_dir=str(out), k=[1, 3], temperature=[0.0, 0.8],
                      max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True)
     metrics = run(cfg)
-    assert load_metrics(out) == json.loads(json.dumps(metrics, default=str))
+    assert load_metrics(out).doc == json.loads(json.dumps(metrics, default=str))
     assert len(metrics["records"]) == 2 * 2 * 2
     for rec in metrics["records"]:
         for key in ("acceptance_rate", "token_acceptance", "mean_accepted_tokens", "per_position_acceptance",

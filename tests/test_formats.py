@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from draftsmith.artifacts.formats import (ArtifactError, read_datagen, read_metrics, read_serving, read_version,
-                                          write_datagen, write_metrics, write_serving, write_version)
+from draftsmith.artifacts.formats import (ArtifactError, EvalMetrics, ServingTable, read_datagen, read_metrics,
+                                          read_serving, read_version, write_datagen, write_metrics, write_serving,
+                                          write_version)
 
 
 def dataset(splits=("train", "heldout"), columns=("prompt_ids", "completion_ids", "finished")):
@@ -42,7 +43,8 @@ def test_datagen_round_trip_and_the_errors_name_the_directory(tmp_path):
 ])
 def test_json_formats_round_trip_and_refuse_what_is_not_theirs(tmp_path, write, read, doc, missing):
     path = write(tmp_path, doc)
-    assert read(path) == doc and read(tmp_path) == doc  # the file or its directory
+    for got in (read(path), read(tmp_path)):  # the file or its directory
+        assert getattr(got, "doc", got) == doc  # metrics and serving come as typed records over the document
     path.write_text(json.dumps({k: v for k, v in doc.items() if k != missing}))
     with pytest.raises(ArtifactError, match=f"lacks \\['{missing}'\\]"):
         read(path)
@@ -61,3 +63,39 @@ def test_serving_cells_must_be_a_list(tmp_path):
     path = write_serving(tmp_path, {"cells": {"not": "a list"}})
     with pytest.raises(ArtifactError, match="'cells' is not a list"):
         read_serving(path)
+
+
+def test_metrics_lookups_find_a_drafts_cells(tmp_path):
+    doc = {"schema_version": 1, "eval_set": "abc", "config": {"target": "/t", "drafts": {"trained": "/d"}},
+           "summary": {"trained": {"best_k": 2, "temperature": 0.0}},
+           "records": [{"draft": "trained", "k": 1, "temperature": 0.0, "speedup": 1.1},
+                       {"draft": "trained", "k": 2, "temperature": 0.0, "speedup": 1.3},
+                       {"draft": "trained", "k": 2, "temperature": 0.8, "speedup": 1.2}]}
+    metrics = read_metrics(write_metrics(tmp_path, doc))
+    assert isinstance(metrics, EvalMetrics) and metrics.path == tmp_path / "metrics.json"
+    assert (metrics.eval_set, metrics.target, metrics.drafts) == ("abc", "/t", {"trained": "/d"})
+    assert metrics.chosen_record("trained")["speedup"] == 1.3  # its best K at its summary temperature
+    assert metrics.record("trained", 2, 0.8)["speedup"] == 1.2
+    assert metrics.record("trained", 3) is None and metrics.record("base", 1) is None
+    with pytest.raises(ArtifactError, match=r"metrics.json has no draft 'base' in its summary \(it has \['trained'\]\)"):
+        metrics.draft("base")
+    (tmp_path / "metrics.json").write_text(json.dumps({**doc, "records": {}}))
+    with pytest.raises(ArtifactError, match="'records' not a list"):
+        read_metrics(tmp_path)
+
+
+def test_serving_lookups_keep_closed_loop_cells_of_a_draft(tmp_path):
+    cells = [{"draft": "trained", "k": 2, "concurrency": 1, "speedup": 1.4},
+             {"draft": "trained", "k": 2, "concurrency": 8, "speedup": 0.9},
+             {"draft": "trained", "k": 2, "concurrency": None, "request_rate": 4.0},  # an open-loop (rate) cell
+             {"draft": "trained", "k": None, "concurrency": 1},
+             {"draft": "production", "k": 2, "concurrency": 1, "speedup": 1.2}]
+    doc = {"cells": cells, "scheduled": {"cells": [{"draft": "trained", "concurrency": 1, "column": "scheduled"}]},
+           "settings": {"repeats": 2}, "vllm": {"version": "0.32.0"}, "dtype": "float32", "prompts": 16}
+    serving = read_serving(write_serving(tmp_path, doc))
+    assert isinstance(serving, ServingTable)
+    assert [c["concurrency"] for c in serving.cells_of("trained")] == [1, 8]
+    assert serving.cell("trained", 8, 2)["speedup"] == 0.9 and serving.cell("trained", 4, 2) is None
+    assert serving.cell("production", 1, 2)["speedup"] == 1.2
+    assert len(serving.scheduled_cells) == 1 and serving.settings == {"repeats": 2}
+    assert serving.basis() == {"vllm": {"version": "0.32.0"}, "dtype": "float32", "prompts": 16}

@@ -283,7 +283,7 @@ def test_a_name_holds_drafts_of_one_target(measured_v1):
 
 def test_versions_without_a_target_identity_are_unknown_and_said_so(tmp_path):
     reg = LocalRegistry(tmp_path / "reg")
-    reg.register("demo", fake_draft(tmp_path / "old", 1), metrics={"eval_set": EVAL_SET},
+    reg.register("demo", fake_draft(tmp_path / "old", 1), metrics={"schema_version": 1, "eval_set": EVAL_SET, "records": [], "summary": {}},
                  promotion={"candidate": summary_entry(1.2)}, k=4)  # as before identities were recorded
     target = fake_target(tmp_path / "target")
     check_registry_target(reg, "demo", "production", target)

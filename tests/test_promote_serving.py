@@ -257,7 +257,12 @@ def test_off_fails_even_when_min_speedup_allows_one_and_skips_the_champion():
 def test_a_serving_json_from_before_intervals_is_still_comparable():
     """A recorded champion's serving.json written before serve.repeats / interleave / max_repeats / slo_* existed
     ran the same measurement: only settings that change what a cell measures count."""
-    from draftsmith.promote import _setting_differences
+    from draftsmith.artifacts.formats import ServingTable
+    from draftsmith.promote import _setting_differences as differ
+
+    def _setting_differences(a, b):
+        return differ(ServingTable(Path("a/serving.json"), {"cells": [], **a}),
+                      ServingTable(Path("b/serving.json"), {"cells": [], **b}))
 
     now = {"vllm": {"version": "0.32.0"}, "dtype": "float32", "prompts": 32,
            "settings": asdict(ServingSettings(engine="vllm", slo_tpot_ms=50.0))}

@@ -17,12 +17,11 @@ prompts and the online target scores them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Optional
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ from draftsmith.decode.vocab import datagen_vocab
 from draftsmith.train.checkpoints import (latest_checkpoint, load_best_params, save_checkpoint,
                                           tied_parameter_names)
 from draftsmith.train.data import Batch, batch_indices, collate
-from draftsmith.train.heads import head_at_loss_positions, positions_in, reduced_head, restrict, unwrap
+from draftsmith.train.heads import head_at_loss_positions, positions_in, reduced_head, restrict
 from draftsmith.train.settings import RENAMED, TrainSettings
 from draftsmith.train.losses import (ce_per_position, divergence_per_position, masked_mean, topk_buckets,
                           topk_uniform_tail)
