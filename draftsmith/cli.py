@@ -18,7 +18,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from draftsmith.artifacts.errors import UserError
-from draftsmith.config import DraftsmithConfig, register_schema, renamed_key_message, required_message, validate
+from draftsmith.config import (DraftsmithConfig, register_schema, renamed_key, renamed_key_message, required_message,
+                               validate)
 
 register_schema()
 
@@ -114,12 +115,12 @@ def _composition_failed(exc: Exception) -> None:
     from omegaconf.errors import ConfigKeyError
 
     cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, ConfigKeyError) and cause.full_key:
-        message = renamed_key_message([f"{cause.full_key}=..."])
-        if message:
-            where = re.match(r"In '([^']+)'", str(exc))
-            _fail(f"{'in the config ' + where.group(1) + '.yaml: ' if where else ''}{message.split(': write ')[0]}: "
-                  f"change that file ({message.split(' (', 1)[-1].rstrip(')')})")
+    renamed = renamed_key(cause.full_key) if isinstance(cause, ConfigKeyError) and cause.full_key else None
+    if renamed:
+        where = re.match(r"In '([^']+)'", str(exc))
+        new, what = renamed
+        _fail(f"{'in the config ' + where.group(1) + '.yaml: ' if where else ''}{cause.full_key} is now {new}: "
+              f"change that file ({what})")
     from omegaconf.errors import OmegaConfBaseException
 
     print(str(exc), file=sys.stderr)  # what Hydra prints for it (hydra/_internal/utils.py run_and_report)

@@ -197,18 +197,28 @@ class DraftsmithConfig:
 RENAMED = {"eval.serving": "serve", **{f"method.{old}": f"method.{new}" for old, new in TRAIN_RENAMED.items()}}
 
 
-def renamed_key_message(overrides: list[str]) -> str | None:
-    """'eval.serving.concurrency is now serve.concurrency: ...' for the first override naming a renamed key.
+def renamed_key(key: str) -> tuple[str, str] | None:
+    """(the key's new name, what was renamed) when `key` is a renamed key or lies under a renamed section, else None.
 
     An old key matches itself and the keys under it (``eval.serving.*``), never a longer name
     (``method.methods``).
     """
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            what = f"the {old}.* keys were renamed {new}.*" if key != old else f"{old} was renamed {new}"
+            return new + key[len(old):], what
+    return None
+
+
+def renamed_key_message(overrides: list[str]) -> str | None:
+    """'eval.serving.concurrency is now serve.concurrency: ...' for the first override naming a renamed key."""
     for arg in overrides:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        for old, new in RENAMED.items():
-            if key == old or key.startswith(old + "."):
-                what = f"the {old}.* keys were renamed {new}.*" if key != old else f"{old} was renamed {new}"
-                return f"{key} is now {new + key[len(old):]}: write {new + arg.lstrip('+~')[len(old):]} ({what})"
+        override = arg.lstrip("+~")
+        key = override.split("=", 1)[0]
+        renamed = renamed_key(key)
+        if renamed:
+            new, what = renamed
+            return f"{key} is now {new}: write {new + override[len(key):]} ({what})"
     return None
 
 
