@@ -226,6 +226,11 @@ class ServingTable:
         """The passes added at the decision level to settle a verdict, or None."""
         return self.doc.get("added_passes")
 
+    @property
+    def decision_servers(self) -> dict | None:
+        """The server lives added to the decision cells (serve.decision_servers), or None."""
+        return self.doc.get("decision_servers")
+
     def basis(self) -> dict:
         """What a cell's figures depend on besides the serve.* settings: vLLM's version and device, the dtype, the
         number of prompts."""

@@ -150,7 +150,8 @@ def _measurement(metrics: EvalMetrics, serving: ServingTable | None) -> dict:
     and the serving A/B's passes per level when the decision is taken on it."""
     out = {"eval": metrics.repeats}
     if serving is not None:
-        out["serving"] = {"repeats": serving.settings.get("repeats", 1), "added_passes": serving.added_passes}
+        out["serving"] = {"repeats": serving.settings.get("repeats", 1), "added_passes": serving.added_passes,
+                          "decision_servers": serving.decision_servers}
     return out
 
 
@@ -294,7 +295,8 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
 # settings that do not change a cell's figures: which levels were run, and those that say only where or how the
 # servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
 # and those that change how precisely a cell is measured or what is summarised from it, not what it measures
-_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "fresh_servers", "slo_tpot_ms",
+_UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "fresh_servers",
+                        "decision_servers", "slo_tpot_ms",
                         "slo_ttft_ms", *where_settings(ServingSettings))
 
 

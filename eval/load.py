@@ -61,6 +61,7 @@ class LoadResult:
     request_rate: Optional[float]
     wall_s: float  # first send -> last response
     requests: list[RequestResult] = field(default_factory=list)
+    server: Optional[str] = None  # which server pair (one start of the spec and plain servers) ran it: eval/serving.py
 
 
 async def send_one(client, url: str, body: dict, index: int, prompt_index: int, t0: float) -> RequestResult:

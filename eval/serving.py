@@ -9,8 +9,12 @@ the spec-decode counters are read from ``/metrics`` before and after every level
 level runs on both back to back (order alternating), so each cell's on/off figures were measured side
 by side in time. When the candidate draft's best K differs by concurrency, one more server serves the
 measured batch-size K schedule (serve/schedule.py, the form a promoted version hands vLLM) at every
-level: the ``scheduled`` column. Servers the user runs elsewhere can be given instead (``url`` with
-speculation, ``baseline_url`` without).
+level: the ``scheduled`` column. Before a decision is taken on them, each draft's chosen cell at the
+decision level is measured on ``serve.decision_servers`` more server lives (a newly started plain and
+spec server each, one pass): a server start moves a cell's figures by more than passes inside one
+life show, and with three lives or more their spread enters the cell's interval
+(eval/serving_stats.py ``speedup_interval``). Servers the user runs elsewhere can be given instead
+(``url`` with speculation, ``baseline_url`` without).
 
 The statistics (eval/serving_stats.py) go to ``serving.json``::
 
@@ -20,7 +24,8 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
                 "speedup", "tpot_ratio", "ttft_ratio", "acceptance_rate", "per_position_acceptance",
                 "mean_accepted_tokens", "vllm_counters", "outputs_equal", "compared", "mismatches",
                 "by", "first_mismatch", ["spec_equals_reference", "plain_equals_reference"],
-                "repeats", "speedup_ci95", "timings": {"plain_s", "spec_s"} ([pass][request] e2e seconds)}],
+                "repeats", "speedup_ci95", "timings": {"plain_s", "spec_s"} ([pass][request] e2e seconds),
+                "servers" ([pass]: the server pair that ran it)}],
      "rate_cells": [the same, with "concurrency": null and "request_rate"],
      "boundary": {draft: {"per_k": [{"k", "status", "concurrency", "pays_up_to", "text"}],
                           "best_k": [best_k_per_concurrency's entries: "concurrency", "k" (0 = off), "speedup",
@@ -28,6 +33,7 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
      "scheduled": {"draft", "bands", "schedule": [[start, end, K], ...], "cells": [cells with "k": None and
                    "column": "scheduled"], "tracking", "tracks", ["error"]} | None,
      "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}]} | None,
+     "decision_servers": {"concurrency", "servers", "cells": [{"draft", "k", "lives", "passes"}]} | None,
      "capacity": eval/capacity.py capacity_at_slo (with serve.slo_tpot_ms / slo_ttft_ms) | None,
      "warnings", "plots", "logs"}
 
@@ -78,7 +84,8 @@ Runs = dict  # {level: (its passes [LoadResult], spec counters summed over them 
 
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool, log=print,
           baseline_url: Optional[str] = None, levels: Optional[Levels] = None, passes: Optional[int] = None,
-          into: Optional[tuple[Runs, Runs]] = None, warmup: bool = True) -> Runs | tuple[Runs, Runs]:
+          into: Optional[tuple[Runs, Runs]] = None, warmup: bool = True,
+          server: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
     """Warm the server(s) up, then run every load level ``serve.repeats`` times, pass by pass (every level once,
     then again, so that a slow spell spreads over the levels) -> {level: (passes, counters)}.
 
@@ -86,7 +93,8 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     both servers back to back, the order alternating, so that each speculative pass has a plain pass measured
     beside it: -> (spec runs, plain runs); `url` must then be the speculative server. `levels` / `passes`: other
     levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
-    `warmup` False: no warm-up requests (the servers already served)."""
+    `warmup` False: no warm-up requests (the servers already served); `server`: the label of this start of the
+    server(s), stamped on every pass (a cell's interval sees the spread between server lives)."""
     from draftsmith.serve.errors import VllmError
 
     sides = [(url, spec)] + ([(baseline_url, False)] if baseline_url else [])
@@ -106,6 +114,7 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
                 before = scrape_metrics(u) if is_spec else None
                 load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
                                 max_tokens=settings.max_tokens, **{kind: level}, **common)
+                load.server = server
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
@@ -210,17 +219,18 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             label = f"{_slug(name)}-k{kk}" if schedule is None else f"{_slug(name)}-scheduled"
             with server(label, draft, kk, schedule) as srv:
                 if plain_url is not None:
-                    return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, log=log)
-                return drive(srv.url, prompts, settings, spec=True, log=log), plain_runs
+                    return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, server=f"{label}+plain",
+                                 log=log)
+                return drive(srv.url, prompts, settings, spec=True, server=label, log=log), plain_runs
 
         def fresh_passes(name: str, path: str, kk: int):
             """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
             runs: tuple = ({}, {})
             for r in range(settings.repeats):
-                with server(f"plain-{_slug(name)}-k{kk}-pass{r + 1}") as plain_srv, \
-                        server(f"{_slug(name)}-k{kk}-pass{r + 1}", path, kk) as srv:
+                label = f"{_slug(name)}-k{kk}-pass{r + 1}"
+                with server(f"plain-{label}") as plain_srv, server(label, path, kk) as srv:
                     runs = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url, passes=1,
-                                 into=runs, log=log)
+                                 into=runs, server=label, log=log)
             return runs
 
         def main_cells(plain_url: Optional[str]):
@@ -239,6 +249,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
         def after_main(plain_url: Optional[str]):
             nonlocal scheduled
+            decision_lives()
             if plain_url is not None:
                 more_passes(plain_url)
             scheduled = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
@@ -258,8 +269,45 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       if c["concurrency"] is not None]
                 scheduled.update(track_schedule(cells, scheduled))
 
+        def decision_lives() -> None:
+            """serve.decision_servers: each draft's chosen cell at the decision level measured on that many more
+            server lives (a newly started plain and spec server each, one pass), so that its interval holds what
+            changes from one server start to the next."""
+            nonlocal lives
+            if decide is None or not settings.decision_servers:
+                return
+            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
+            if not levels:
+                return
+            level = decision_level(levels, decide.get("concurrency"))[0]
+            lives = {"concurrency": level, "servers": settings.decision_servers, "cells": []}
+            for name in drafts:
+                mine = [c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
+                choice = best_k_per_concurrency(mine)[0] if mine else {}
+                kk = choice.get("k") or choice.get("best_speedup_k")
+                if not kk:
+                    continue
+                for i in range(settings.decision_servers):
+                    new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}")
+                lives["cells"].append({"draft": name, "k": kk, "lives": 1 + settings.decision_servers,
+                                       "passes": len(raw[(name, kk)][0][("concurrency", level)][0])})
+
+        def new_life(name: str, kk: int, level: int, label: str) -> None:
+            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
+            nonlocal cells
+            spec_runs, plain = raw[(name, kk)]
+            with server(f"plain-{label}") as plain_srv, server(label, str(drafts[name]), kk) as srv:
+                spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
+                                         levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
+                                         server=label, log=log)
+            raw[(name, kk)] = (spec_runs, plain)
+            cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(name, kk, spec_runs, plain,
+                                                                                       reference)
+
         def more_passes(plain_url: str) -> None:
-            """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided."""
+            """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided: each on
+            a new server life when serve.decision_servers > 0 (passes inside one life cannot narrow the spread between
+            lives), else on one more spec server beside the plain one."""
             nonlocal cells, added
             if decide is None or settings.max_repeats <= settings.repeats:
                 return
@@ -271,23 +319,32 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             for name, kk in undecided_serving(cells, drafts, level, decide):
                 if (name, kk) not in undecided_serving(cells, drafts, level, decide):
                     continue  # settled by the passes another cell took (the champion difference)
-                spec_runs, plain = raw[(name, kk)]
                 taken = 0
-                with server(f"{_slug(name)}-k{kk}-more", str(drafts[name]), kk) as srv:
-                    while ((name, kk) in undecided_serving(cells, drafts, level, decide)
-                           and len(spec_runs[("concurrency", level)][0]) < settings.max_repeats):
-                        spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url,
-                                                 levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
-                                                 warmup=taken == 0, log=log)
+
+                def more() -> bool:
+                    passes = len(raw[(name, kk)][0][("concurrency", level)][0])
+                    return (name, kk) in undecided_serving(cells, drafts, level, decide) and passes < settings.max_repeats
+
+                if settings.decision_servers:
+                    while more():
+                        new_life(name, kk, level, f"{_slug(name)}-k{kk}-more{taken + 1}")
                         taken += 1
-                        raw[(name, kk)] = (spec_runs, plain)
-                        cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
-                            name, kk, spec_runs, plain, reference)
+                elif more():  # the budget may already be spent: no server started for nothing
+                    label = f"{_slug(name)}-k{kk}-more"
+                    with server(label, str(drafts[name]), kk) as srv:
+                        while more():
+                            spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url,
+                                                     levels=[("concurrency", level)], passes=1, into=raw[(name, kk)],
+                                                     warmup=taken == 0, server=f"{label}+plain", log=log)
+                            taken += 1
+                            raw[(name, kk)] = (spec_runs, plain)
+                            cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
+                                name, kk, spec_runs, plain, reference)
                 added["cells"].append({"draft": name, "k": kk, "added": taken,
-                                       "passes": len(spec_runs[("concurrency", level)][0]),
+                                       "passes": len(raw[(name, kk)][0][("concurrency", level)][0]),
                                        "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
 
-        added = None
+        added = lives = None
         if settings.fresh_servers:  # the main cells start their own servers per pass; then one plain server for the
             main_cells(None)        # added passes and the scheduled column
             with server("plain") as plain_srv:
@@ -306,6 +363,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
                "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
+               "decision_servers": lives if not settings.url else None,
                "warnings": warnings_of(cells + ((scheduled or {}).get("cells") or []))
                + ([f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
                    "exports a static K)"] if (scheduled or {}).get("error") else []), "logs": logs,

@@ -31,7 +31,7 @@ import math
 from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
-from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, format_ci, nested_ratio_ci, ratio,  # noqa: F401
+from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, format_ci, lives_ci, nested_ratio_ci, ratio,  # noqa: F401
                                       units_from_passes, verdict)
 from draftsmith.eval.load import LoadResult
 
@@ -125,16 +125,27 @@ def pass_latencies(loads: list[LoadResult]) -> list[list[Optional[float]]]:
     return out
 
 
+MIN_LIVES = 3  # server lives from which their spread enters a cell's interval (with two, t_0.975 is 12.7)
+
+
 def speedup_interval(speedup: Optional[float], timings: dict) -> Optional[list[float]]:
     """The 95% interval of a cell's throughput speedup from its paired latencies (module docstring), or None: the
     passes resampled, then the requests within them (eval/intervals.py nested_ratio_ci), scaled by
-    speedup / latency ratio."""
+    speedup / latency ratio. When the passes ran on more than one server life (``timings["servers"]``: the server
+    pair of each pass; serve.decision_servers, serve.fresh_servers) and there are at least MIN_LIVES of them, the
+    interval also holds the spread between lives (eval/intervals.py lives_ci): the wider bound on each side."""
     units = units_from_passes(timings["plain_s"], timings["spec_s"])
     passes = [[(p, s) for p, s in zip(plain, spec) if p is not None and s is not None]
               for plain, spec in zip(timings["plain_s"], timings["spec_s"])]
     ci = nested_ratio_ci(passes)
     if ci is None or speedup is None or not ratio(units):
         return None
+    servers = timings.get("servers") or []
+    if len(set(servers)) >= MIN_LIVES and len(servers) == len(passes):
+        lives = [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
+        between = lives_ci(lives, ratio(units))
+        if between is not None:
+            ci = [min(ci[0], between[0]), max(ci[1], between[1])]
     scale = speedup / ratio(units)
     return [ci[0] * scale, ci[1] * scale]
 
@@ -155,6 +166,8 @@ def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult],
     spec, plain = merge_passes(spec_passes), merge_passes(plain_passes)
     s, p = side_stats(spec), side_stats(plain)
     timings = {"plain_s": pass_latencies(plain_passes), "spec_s": pass_latencies(spec_passes)}
+    if any(load.server for load in spec_passes):  # the server pair of each pass (its life)
+        timings["servers"] = [load.server for load in spec_passes]
     speedup = _ratio(s["output_tokens_per_s"], p["output_tokens_per_s"])
     cell = {"draft": draft, "k": k, "concurrency": spec.concurrency, "request_rate": spec.request_rate,
             "spec": s, "plain": p, "repeats": len(spec_passes),

@@ -104,13 +104,17 @@ class ServingSettings(ServerSettings):
     max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
     warmup: int = 2  # unrecorded requests after each server start
     repeats: int = 2  # passes over every level per server (the interval resamples passes, then requests)
-    max_repeats: int = 3  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
+    max_repeats: int = 5  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
+    # (the decision lives count; with serve.decision_servers each added pass is a new server life)
     interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
     # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
     # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
     fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
     # that the interval also sees what changes from one server start to the next (BENCHMARKS.md: 10-20% on a CPU);
     # costs two server starts per pass
+    decision_servers: int = 2  # more server lives (a new plain and spec server each, one pass) for each draft's chosen
+    # cell at the decision level (promote.serving_concurrency), so that its interval holds the server-to-server
+    # spread (three lives or more: eval/serving_stats.py); 0: the decision cell's passes all run on one server pair
     slo_tpot_ms: Optional[float] = None  # p95 TPOT target: the capacity at it (eval/capacity.py) in serving.json
     slo_ttft_ms: Optional[float] = None  # p95 TTFT target, likewise (both: both must hold)
     seed: int = 0  # the Poisson arrival times
@@ -138,6 +142,9 @@ class ServingSettings(ServerSettings):
               "run at once (plain beside spec), so each may take at most 0.5; lower it or set serve.interleave=false")
         check(not self.fresh_servers or self.interleave,
               "serve.fresh_servers=true starts a plain server beside each spec server: it needs serve.interleave=true")
+        check(isinstance(self.decision_servers, int) and not isinstance(self.decision_servers, bool)
+              and self.decision_servers >= 0,
+              f"serve.decision_servers must be an integer >= 0 (0: no more server lives), got {self.decision_servers!r}")
         check(isinstance(self.max_repeats, int) and self.max_repeats >= self.repeats,
               f"serve.max_repeats must be an integer >= serve.repeats ({self.repeats}), got {self.max_repeats!r}")
         for key in ("slo_tpot_ms", "slo_ttft_ms"):

@@ -122,3 +122,22 @@ def test_the_expanded_tail_shrinks_to_the_normal_one():
     assert expanded_tail(6) == pytest.approx(0.0024, abs=3e-4)  # z = sqrt(6/5) * 2.571 = 2.816
     assert 0.024 < expanded_tail(10_000) < 0.0251
     assert expanded_tail(4) < expanded_tail(8) < expanded_tail(32) < 0.025
+
+
+def test_lives_ci_by_hand():
+    """Three server lives whose speedups are 1.8, 2.0 and 2.2 (their log ratios' sd s): the interval is
+    point x exp(+-t_{0.975,2} s / sqrt(3)); identical lives give a zero-width one; one life gives none."""
+    import math
+
+    from draftsmith.eval.intervals import lives_ci, t975
+
+    lives = [[[(1.8, 1.0)], [(3.6, 2.0)]], [[(2.0, 1.0)]], [[(2.2, 1.0)]]]  # [life][pass][request]
+    logs = [math.log(1.8), math.log(2.0), math.log(2.2)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = t975(2) * sd / math.sqrt(3)
+    lo, hi = lives_ci(lives, 2.0)
+    assert lo == pytest.approx(2.0 * math.exp(-half)) and hi == pytest.approx(2.0 * math.exp(half))
+    assert lo < 1.8 and hi > 2.2  # three draws: wider than their range
+    assert lives_ci([[[(2.0, 1.0)]]] * 3, 2.0) == pytest.approx([2.0, 2.0])
+    assert lives_ci([[[(2.0, 1.0)]]], 2.0) is None

@@ -192,11 +192,11 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
 
     def undecided(cells, drafts, level, decide):
         calls.append(level)
-        return [("trained", 2)] if len(calls) <= 3 else []  # the list, the re-check, one pass; then decided
+        return [("trained", 2)] if len(calls) <= 4 else []  # the list, the re-check, the first check, one pass
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
     settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
-                               python=str(fake), startup_timeout_s=30, repeats=1, max_repeats=3)
+                               python=str(fake), startup_timeout_s=30, repeats=1, max_repeats=3, decision_servers=0)
     decide = {"at": [1.0, 1.1], "concurrency": 2, "margin": None}
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
@@ -209,6 +209,53 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
     assert by_level[2]["repeats"] == 2 and by_level[1]["repeats"] == 1  # only the decision level was re-measured
     assert len(by_level[2]["timings"]["plain_s"]) == 2 == len(by_level[2]["timings"]["spec_s"])  # paired passes
     assert "serving_logs/trained-k2-more.log" in serving["logs"] and all_gone(tmp_path / "pids")
+
+
+def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
+    """serve.decision_servers=2: at the decision level (promote.serving_concurrency=2) the chosen K's cell gets one
+    pass on each of two newly started plain + spec server pairs; every pass says which pair ran it, and the cell's
+    interval holds the spread of its three lives. The other level keeps its one server's passes."""
+    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=2, decision_servers=2, max_repeats=4)
+    decide = {"at": [1.0], "concurrency": 2, "margin": None, "schedule": False}
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
+                             log=lambda *_: None)
+    assert serving["logs"] == ["serving_logs/plain.log", "serving_logs/trained-k2.log",
+                               "serving_logs/plain-trained-k2-life2.log", "serving_logs/trained-k2-life2.log",
+                               "serving_logs/plain-trained-k2-life3.log", "serving_logs/trained-k2-life3.log"]
+    by_level = {c["concurrency"]: c for c in serving["cells"]}
+    assert by_level[2]["timings"]["servers"] == ["trained-k2+plain", "trained-k2+plain", "trained-k2-life2",
+                                                 "trained-k2-life3"]
+    assert by_level[1]["timings"]["servers"] == ["trained-k2+plain"] * 2 and by_level[1]["repeats"] == 2
+    assert by_level[2]["repeats"] == 4 and by_level[2]["speedup_ci95"] is not None
+    assert serving["decision_servers"] == {"concurrency": 2, "servers": 2,
+                                           "cells": [{"draft": "trained", "k": 2, "lives": 3, "passes": 4}]}
+    assert all_gone(tmp_path / "pids")
+    with pytest.raises(Exception, match="serve.decision_servers must be an integer >= 0"):
+        ServingSettings(decision_servers=-1)
+
+
+def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path, monkeypatch):
+    from draftsmith.eval import serving as serving_mod
+
+    calls = []
+
+    def undecided(cells, drafts, level, decide):
+        calls.append(level)
+        return [("trained", 2)] if len(calls) <= 3 else []  # the list, the re-check, one added life; then decided
+
+    monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=1, max_repeats=5)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             log=lambda *_: None)
+    (cell,) = serving["cells"]
+    assert cell["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-more1"]
+    assert serving["added_passes"]["cells"] == [{"draft": "trained", "k": 2, "added": 1, "passes": 3, "decided": True}]
+    assert "serving_logs/plain-trained-k2-more1.log" in serving["logs"] and all_gone(tmp_path / "pids")
 
 
 def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_path):

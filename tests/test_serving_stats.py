@@ -296,3 +296,22 @@ def test_interleaved_servers_must_both_fit():
         ServingSettings(gpu_memory_utilization=0.9)
     ServingSettings(gpu_memory_utilization=0.9, interleave=False)  # one server at a time
     ServingSettings(gpu_memory_utilization=0.45)
+
+
+def test_a_cells_interval_holds_the_spread_of_three_server_lives_or_more():
+    """Two passes per life agree within a life but the lives differ: with three lives the interval widens to the
+    lives' t-interval; two lives (t_0.975 = 12.7 on one degree of freedom) keep the passes' bootstrap."""
+    from draftsmith.eval.serving_stats import speedup_interval
+
+    def timings(speedups, servers):
+        plain = [[1.0 * s for _ in range(8)] for s in speedups]  # plain latency / spec latency = the speedup
+        return {"plain_s": plain, "spec_s": [[1.0] * 8 for _ in speedups], "servers": servers}
+
+    three = timings([1.8, 1.8, 2.0, 2.2], ["a", "a", "b", "c"])
+    one = {k: v for k, v in three.items() if k != "servers"}  # the same passes, lives not recorded
+    point = 7.8 / 4
+    with_lives, without = speedup_interval(point, three), speedup_interval(point, one)
+    assert with_lives[0] < without[0] and with_lives[1] > without[1]
+    assert with_lives[0] < 1.8 < 2.2 < with_lives[1]
+    two = timings([1.8, 1.8, 2.2, 2.2], ["a", "a", "b", "b"])
+    assert speedup_interval(2.0, two) == speedup_interval(2.0, {k: v for k, v in two.items() if k != "servers"})
