@@ -53,7 +53,7 @@ from draftsmith.artifacts.formats import write_serving
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
-from draftsmith.serve.server import VllmServer, require_vllm
+from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, difference_ci, format_ci, verdict
 from draftsmith.eval.load import run_load
@@ -228,7 +228,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             runs: tuple = ({}, {})
             for r in range(settings.repeats):
                 label = f"{_slug(name)}-k{kk}-pass{r + 1}"
-                with server(f"plain-{label}") as plain_srv, server(label, path, kk) as srv:
+                pair = server(f"plain-{label}"), server(label, path, kk)
+                with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
                     runs = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url, passes=1,
                                  into=runs, server=label, log=log)
             return runs
@@ -242,16 +243,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     raw[(name, kk)] = (spec_runs, plain)
                     cells += _cells(name, kk, spec_runs, plain, reference)
 
-        def every_server(plain_url: Optional[str]):
-            if not settings.fresh_servers:
-                main_cells(plain_url)
-            after_main(plain_url)
-
-        def after_main(plain_url: Optional[str]):
+        def measure_schedule(plain_url: Optional[str]):
             nonlocal scheduled
-            decision_lives()
-            if plain_url is not None:
-                more_passes(plain_url)
             scheduled = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
             if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
                 from draftsmith.serve.errors import VllmError
@@ -296,7 +289,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
             nonlocal cells
             spec_runs, plain = raw[(name, kk)]
-            with server(f"plain-{label}") as plain_srv, server(label, str(drafts[name]), kk) as srv:
+            pair = server(f"plain-{label}"), server(label, str(drafts[name]), kk)
+            with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
                 spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
                                          levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
                                          server=label, log=log)
@@ -304,7 +298,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(name, kk, spec_runs, plain,
                                                                                        reference)
 
-        def more_passes(plain_url: str) -> None:
+        def more_passes(plain_url: Optional[str]) -> None:
             """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided: each on
             a new server life when serve.decision_servers > 0 (passes inside one life cannot narrow the spread between
             lives), else on one more spec server beside the plain one."""
@@ -345,17 +339,32 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                        "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
 
         added = lives = None
-        if settings.fresh_servers:  # the main cells start their own servers per pass; then one plain server for the
-            main_cells(None)        # added passes and the scheduled column
-            with server("plain") as plain_srv:
-                every_server(plain_srv.url)
+        # At most two servers are up at any time (on a GPU each takes its share of the memory): the decision lives
+        # start their own pair, so they run while no other server is up, before the added passes (new lives too)
+        # and the scheduled column, which then gets a plain server of its own beside it.
+        with_lives = settings.decision_servers > 0 and settings.interleave and decide is not None
+        if settings.fresh_servers:  # the main cells start their own servers per pass
+            main_cells(None)
         elif settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
             with server("plain") as plain_srv:
-                every_server(plain_srv.url)
+                main_cells(plain_srv.url)
+                if not with_lives:
+                    more_passes(plain_srv.url)
+                    measure_schedule(plain_srv.url)
         else:  # one server at a time: the plain passes first, shared by every cell
             with server("plain") as srv:
                 plain_runs = drive(srv.url, prompts, settings, spec=False, log=log)
-            every_server(None)
+            main_cells(None)
+            measure_schedule(None)
+        if with_lives:
+            decision_lives()
+            more_passes(None)
+        wants_schedule = (decide or {}).get("schedule", True) and schedule_to_measure(cells, drafts, k) is not None
+        if settings.fresh_servers and not with_lives or with_lives and wants_schedule:
+            with server("plain-scheduled" if with_lives else "plain") as plain_srv:
+                if not with_lives:
+                    more_passes(plain_srv.url)
+                measure_schedule(plain_srv.url)
     closed = [c for c in cells if c["concurrency"] is not None]
     serving = {"schema_version": SCHEMA_VERSION, "engine": settings.engine, "vllm": engine, "target": target,
                "drafts": dict(drafts), "settings": asdict(settings), "dtype": dtype, "prompts": len(prompts),
@@ -365,6 +374,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
                "decision_servers": lives if not settings.url else None,
                "warnings": warnings_of(cells + ((scheduled or {}).get("cells") or []))
+               + ([f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain server "
+                   "beside each spec server): the decision cell was measured on one server life"]
+                  if settings.decision_servers and not settings.interleave and decide is not None and not settings.url
+                  else [])
                + ([f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
                    "exports a static K)"] if (scheduled or {}).get("error") else []), "logs": logs,
                "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}

@@ -23,6 +23,7 @@ closes and the guard stops the group, so no server outlives the run that started
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -246,9 +247,10 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> None:
-        """Launch the server under its guard in a new process group (session), its output going to `log_path`."""
-        self.port = self.spec.port or free_port(self.spec.host)
+    def start(self, port: Optional[int] = None) -> None:
+        """Launch the server under its guard in a new process group (session), its output going to `log_path`;
+        on the spec's port, else `port`, else a free one."""
+        self.port = self.spec.port or port or free_port(self.spec.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.spec.command(self.port)
         read_end, self._lifeline = os.pipe()  # not inheritable: no other child of ours holds the write end
@@ -305,6 +307,28 @@ class VllmServer:
             pass
         if lifeline is not None:
             os.close(lifeline)
+
+
+@contextlib.contextmanager
+def started_together(*servers: VllmServer):
+    """Start `servers` at once and wait until every one is healthy (their start-ups overlap: a plain and a spec
+    server of one serving A/B pass come up in the time of the slower one, not of both); stop them all on leaving,
+    and on any error or interrupt while they start."""
+    started, ports = [], set()
+    try:
+        for srv in servers:
+            port = srv.spec.port or free_port(srv.spec.host)
+            while port in ports:  # none of them has bound its port yet: do not hand one out twice
+                port = free_port(srv.spec.host)
+            ports.add(port)
+            srv.start(port)
+            started.append(srv)
+        for srv in servers:
+            srv.wait_healthy()
+        yield servers
+    finally:
+        for srv in reversed(started):
+            srv.stop()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -81,6 +81,23 @@ def test_starts_serves_and_stops(fake, tmp_path):
     assert "--model /models/target" in (tmp_path / "logs" / "server.log").read_text()
 
 
+def test_servers_started_together_serve_on_their_own_ports_and_all_stop(fake, tmp_path, monkeypatch):
+    from draftsmith.serve.server import started_together
+
+    pair = [VllmServer(ServerSpec(model=f"/models/{n}", python=str(fake)), log_path=tmp_path / "logs" / f"{n}.log",
+                       startup_timeout_s=30) for n in ("plain", "spec")]
+    with started_together(*pair) as (a, b):
+        assert a.port != b.port
+        assert http_get(a.url + "/health")[0] == 200 and http_get(b.url + "/health")[0] == 200
+    assert all_gone(tmp_path / "pids") and len(recorded_pids(tmp_path / "pids")["server"]) == 2
+    monkeypatch.setenv("FAKE_VLLM_MODE", "exit")  # one that fails while the other starts: both stopped, the error raised
+    failing = [VllmServer(ServerSpec(model=f"/models/{n}", python=str(fake)), log_path=tmp_path / "logs2" / f"{n}.log",
+                          startup_timeout_s=30) for n in ("plain", "spec")]
+    with pytest.raises(VllmError, match="exited with status 3"), started_together(*failing):
+        pass
+    assert all(srv.proc is None for srv in failing) and all_gone(tmp_path / "pids")
+
+
 def test_a_server_that_exits_at_once_raises_with_its_log(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "exit")
     with pytest.raises(VllmError) as err, server(fake, tmp_path):
