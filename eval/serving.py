@@ -262,6 +262,15 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       if c["concurrency"] is not None]
                 scheduled.update(track_schedule(cells, scheduled))
 
+        def retrack_schedule() -> None:
+            """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
+            if scheduled is None or not scheduled.get("cells"):
+                return
+            scheduled.update(track_schedule(cells, scheduled))
+            now = schedule_to_measure(cells, drafts, k)
+            if now is None or now["schedule"] != scheduled["schedule"]:
+                scheduled["after_lives"] = now and now["schedule"]
+
         def decision_lives() -> None:
             """serve.decision_servers: each draft's chosen cell at the decision level measured on that many more
             server lives (a newly started plain and spec server each, one pass), so that its interval holds what
@@ -340,31 +349,33 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
         added = lives = None
         # At most two servers are up at any time (on a GPU each takes its share of the memory): the decision lives
-        # start their own pair, so they run while no other server is up, before the added passes (new lives too)
-        # and the scheduled column, which then gets a plain server of its own beside it.
+        # start their own pair, so they run after the main plain server has stopped (the scheduled column is
+        # measured beside it first, as the cells it is compared with), and the passes added then are new lives.
         with_lives = settings.decision_servers > 0 and settings.interleave and decide is not None
         if settings.fresh_servers:  # the main cells start their own servers per pass
             main_cells(None)
+            if with_lives:
+                decision_lives()
+                more_passes(None)
+            with server("plain") as plain_srv:
+                if not with_lives:
+                    more_passes(plain_srv.url)
+                measure_schedule(plain_srv.url)
         elif settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
             with server("plain") as plain_srv:
                 main_cells(plain_srv.url)
                 if not with_lives:
                     more_passes(plain_srv.url)
-                    measure_schedule(plain_srv.url)
+                measure_schedule(plain_srv.url)
+            if with_lives:
+                decision_lives()
+                more_passes(None)
+                retrack_schedule()
         else:  # one server at a time: the plain passes first, shared by every cell
             with server("plain") as srv:
                 plain_runs = drive(srv.url, prompts, settings, spec=False, log=log)
             main_cells(None)
             measure_schedule(None)
-        if with_lives:
-            decision_lives()
-            more_passes(None)
-        wants_schedule = (decide or {}).get("schedule", True) and schedule_to_measure(cells, drafts, k) is not None
-        if settings.fresh_servers and not with_lives or with_lives and wants_schedule:
-            with server("plain-scheduled" if with_lives else "plain") as plain_srv:
-                if not with_lives:
-                    more_passes(plain_srv.url)
-                measure_schedule(plain_srv.url)
     closed = [c for c in cells if c["concurrency"] is not None]
     serving = {"schema_version": SCHEMA_VERSION, "engine": settings.engine, "vllm": engine, "target": target,
                "drafts": dict(drafts), "settings": asdict(settings), "dtype": dtype, "prompts": len(prompts),
@@ -374,6 +385,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
                "decision_servers": lives if not settings.url else None,
                "warnings": warnings_of(cells + ((scheduled or {}).get("cells") or []))
+               + ([f"the K schedule measured ({describe_schedule(scheduled['schedule'])}) is not the one the "
+                   f"decision cells' server lives give ("
+                   f"{describe_schedule(scheduled['after_lives']) if scheduled['after_lives'] else 'one static K'}); "
+                   "promotion exports the latter"] if (scheduled or {}).get("after_lives", 0) != 0
+                  else [])
                + ([f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain server "
                    "beside each spec server): the decision cell was measured on one server life"]
                   if settings.decision_servers and not settings.interleave and decide is not None and not settings.url
