@@ -213,12 +213,14 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
 
         plain_runs, raw = None, {}
+        plain_ready = lambda: None  # noqa: E731 - waits for the main plain server when it was started without waiting
 
         def measure(name: str, draft: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
             """One spec server's runs and the plain runs they are compared with."""
             label = f"{_slug(name)}-k{kk}" if schedule is None else f"{_slug(name)}-scheduled"
             with server(label, draft, kk, schedule) as srv:
                 if plain_url is not None:
+                    plain_ready()  # the plain server started beside the first spec server: up by now, or waited for
                     return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, server=f"{label}+plain",
                                  log=log)
                 return drive(srv.url, prompts, settings, spec=True, server=label, log=log), plain_runs
@@ -362,11 +364,16 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     more_passes(plain_srv.url)
                 measure_schedule(plain_srv.url)
         elif settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
-            with server("plain") as plain_srv:
+            plain_srv = server("plain")
+            plain_srv.start()  # not waited for here: it comes up while the first spec server does
+            try:
+                plain_ready = plain_srv.wait_healthy
                 main_cells(plain_srv.url)
                 if not with_lives:
                     more_passes(plain_srv.url)
                 measure_schedule(plain_srv.url)
+            finally:
+                plain_srv.stop()
             if with_lives:
                 decision_lives()
                 more_passes(None)

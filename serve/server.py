@@ -102,11 +102,19 @@ def require_vllm(python: str | None = None, key: str = "serve.python", engine_ke
 
 
 # -- the server ------------------------------------------------------------------------------------
+_HANDED_OUT: set[int] = set()  # ports given to servers of this process (one may not have bound its port yet)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port free on `host` now (the OS picks it), never one this process has handed out before: servers
+    started at once bind theirs only once they are up."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[list[int]]] = None) -> dict:
@@ -247,10 +255,10 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, port: Optional[int] = None) -> None:
+    def start(self) -> None:
         """Launch the server under its guard in a new process group (session), its output going to `log_path`;
-        on the spec's port, else `port`, else a free one."""
-        self.port = self.spec.port or port or free_port(self.spec.host)
+        :meth:`wait_healthy` then waits for it (``with`` does both)."""
+        self.port = self.spec.port or free_port(self.spec.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.spec.command(self.port)
         read_end, self._lifeline = os.pipe()  # not inheritable: no other child of ours holds the write end
@@ -314,14 +322,10 @@ def started_together(*servers: VllmServer):
     """Start `servers` at once and wait until every one is healthy (their start-ups overlap: a plain and a spec
     server of one serving A/B pass come up in the time of the slower one, not of both); stop them all on leaving,
     and on any error or interrupt while they start."""
-    started, ports = [], set()
+    started = []
     try:
         for srv in servers:
-            port = srv.spec.port or free_port(srv.spec.host)
-            while port in ports:  # none of them has bound its port yet: do not hand one out twice
-                port = free_port(srv.spec.host)
-            ports.add(port)
-            srv.start(port)
+            srv.start()  # free_port never hands a port out twice: none of them has bound its own yet
             started.append(srv)
         for srv in servers:
             srv.wait_healthy()
