@@ -177,7 +177,8 @@ def speculative_generate(
         5. both caches are cropped back to the accepted text; stop at the first EOS.
     From round 2 on, the seconds of the draft steps, of the verification forward and of the whole round are
     summed (``stats.draft_s``, ``verify_s``, ``rounds_s``): the costs c and c_v as the loop paid them
-    (eval/metrics.py ``in_loop_costs``), beside the ones timed apart (decode/timing.py).
+    (eval/metrics.py ``in_loop_costs``), beside the ones timed apart (decode/timing.py). Not on CUDA, where timing a
+    phase needs a synchronisation that would stall the launch of the next one (``in_loop`` is then None).
     ``stats.rounds`` counts the verification forwards; ``target_forwards`` = 1 (prefill) + rounds;
     tau (``mean_accepted_tokens``) = tokens from the rounds / rounds, the prefill's token excluded.
     """
@@ -199,6 +200,7 @@ def speculative_generate(
     n = n_prompt  # tokens known: prompt + new tokens
     width = min(logit_width(target), logit_width(draft))  # shared token range V
 
+    timed = device.type != "cuda"  # on a GPU the phases would need a sync each, which costs the decode overlap
     start = _clock(device)
     finished = max_new_tokens <= 0
     if not finished:  # the first token, from the target's prefill over the whole prompt
@@ -211,7 +213,7 @@ def speculative_generate(
     while not finished:  # round start: the target cache holds n-1 positions
         k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
         q_rows = []
-        round_start = _clock(device)
+        round_start = time.perf_counter() if timed else 0.0
         for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in (all n at first: prefill), one draft out
             logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1, :width]  # [V]
             if greedy:
@@ -219,9 +221,9 @@ def speculative_generate(
             else:
                 q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
                 buf[0, n + i] = sample(q_rows[-1], generator)
-        drafted_at = _clock(device)
+        drafted_at = time.perf_counter() if timed else 0.0
         p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # step 3: [k_r+1, V]
-        verified_at = _clock(device)
+        verified_at = time.perf_counter() if timed else 0.0
         drafts = buf[0, n : n + k_r]  # [k_r]
         if greedy:  # step 4
             n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
@@ -241,8 +243,8 @@ def speculative_generate(
         dft.crop(n + n_acc)
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
-        if stats.rounds > 1:  # the in-loop costs leave out round 1, whose first draft step is the draft's prefill
-            stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, _clock(device) - round_start)
+        if timed and stats.rounds > 1:  # the in-loop costs leave out round 1 (its first draft step: the prefill)
+            stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, time.perf_counter() - round_start)
 
     stats.total_s = _clock(device) - start
     stats.new_tokens = n - n_prompt

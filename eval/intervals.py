@@ -200,10 +200,11 @@ def nested_ratio_ci(passes: list[list[Pair]], *, n_boot: int = N_BOOT, seed: int
     return _percentiles(draws, expanded_tail(max(2, min(len(p) for p in passes))))
 
 
-def lives_ci(lives: list[list[list[Pair]]], point: float) -> Interval:
+def lives_ci(lives: list[list[list[Pair]]]) -> Interval:
     """The 95% interval of a ratio measured on several server lives (each a start of the servers: its passes of
-    paired requests), from the spread of the lives' own ratios: `point` x exp(+-t_{0.975, n-1} s / sqrt(n)), s the
-    standard deviation of the lives' log ratios (a random effect per start). A server start changes a cell's figures
+    paired requests), from the spread of the lives' own ratios: g x exp(+-t_{0.975, n-1} s / sqrt(n)), g the
+    geometric mean of the lives' ratios and s the standard deviation of their logs (a random effect per start;
+    each life weighs the same, whatever its number of passes). A server start changes a cell's figures
     by more than two passes inside one life show (BENCHMARKS.md, "Verdicts under noise"), and with a handful of
     lives a bootstrap over them would understate that spread. None with fewer than two lives."""
     ratios = []
@@ -212,13 +213,13 @@ def lives_ci(lives: list[list[list[Pair]]], point: float) -> Interval:
         den = sum(s for one in life for _, s in one)
         if num > 0 and den > 0:
             ratios.append(math.log(num / den))
-    if len(ratios) < 2 or point <= 0:
+    if len(ratios) < 2:
         return None
     n = len(ratios)
     mean = sum(ratios) / n
     sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
     half = t975(n - 1) * sd / math.sqrt(n)
-    return [point * math.exp(-half), point * math.exp(half)]
+    return [math.exp(mean - half), math.exp(mean + half)]
 
 
 def verdict(ci: Interval, bar: float) -> str:

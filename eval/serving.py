@@ -213,6 +213,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
 
         plain_runs, raw = None, {}
+        late_schedule: list[str] = []  # a warning when the lives bring a K schedule the first passes did not
         plain_ready = lambda: None  # noqa: E731 - waits for the main plain server when it was started without waiting
 
         def measure(name: str, draft: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
@@ -266,7 +267,14 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
         def retrack_schedule() -> None:
             """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
-            if scheduled is None or not scheduled.get("cells"):
+            if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
+                now = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
+                if now is not None:
+                    late_schedule.append(f"the decision cells' server lives give a K schedule "
+                                         f"({describe_schedule(now['schedule'])}) where the first passes gave one "
+                                         "static K: promotion exports it, not measured as a column")
+                return
+            if not scheduled.get("cells"):
                 return
             scheduled.update(track_schedule(cells, scheduled))
             now = schedule_to_measure(cells, drafts, k)
@@ -293,8 +301,9 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     continue
                 for i in range(settings.decision_servers):
                     new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}")
-                lives["cells"].append({"draft": name, "k": kk, "lives": 1 + settings.decision_servers,
-                                       "passes": len(raw[(name, kk)][0][("concurrency", level)][0])})
+                loads = raw[(name, kk)][0][("concurrency", level)][0]
+                lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
+                                       "passes": len(loads)})
 
         def new_life(name: str, kk: int, level: int, label: str) -> None:
             """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
@@ -397,6 +406,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                    f"{describe_schedule(scheduled['after_lives']) if scheduled['after_lives'] else 'one static K'}); "
                    "promotion exports the latter"] if (scheduled or {}).get("after_lives", 0) != 0
                   else [])
+               + (late_schedule if not settings.url else [])
                + ([f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain server "
                    "beside each spec server): the decision cell was measured on one server life"]
                   if settings.decision_servers and not settings.interleave and decide is not None and not settings.url

@@ -143,7 +143,7 @@ def speedup_interval(speedup: Optional[float], timings: dict) -> Optional[list[f
     servers = timings.get("servers") or []
     if len(set(servers)) >= MIN_LIVES and len(servers) == len(passes):
         lives = [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
-        between = lives_ci(lives, ratio(units))
+        between = lives_ci(lives)
         if between is not None:
             ci = [min(ci[0], between[0]), max(ci[1], between[1])]
     scale = speedup / ratio(units)

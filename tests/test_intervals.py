@@ -125,8 +125,8 @@ def test_the_expanded_tail_shrinks_to_the_normal_one():
 
 
 def test_lives_ci_by_hand():
-    """Three server lives whose speedups are 1.8, 2.0 and 2.2 (their log ratios' sd s): the interval is
-    point x exp(+-t_{0.975,2} s / sqrt(3)); identical lives give a zero-width one; one life gives none."""
+    """Three server lives whose speedups are 1.8, 2.0 and 2.2 (their logs' mean m and sd s): the interval is
+    exp(m +- t_{0.975,2} s / sqrt(3)); identical lives give a zero-width one; one life gives none."""
     import math
 
     from draftsmith.eval.intervals import lives_ci, t975
@@ -136,8 +136,8 @@ def test_lives_ci_by_hand():
     mean = sum(logs) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
     half = t975(2) * sd / math.sqrt(3)
-    lo, hi = lives_ci(lives, 2.0)
-    assert lo == pytest.approx(2.0 * math.exp(-half)) and hi == pytest.approx(2.0 * math.exp(half))
+    lo, hi = lives_ci(lives)  # life 1's two passes weigh as one life
+    assert lo == pytest.approx(math.exp(mean - half)) and hi == pytest.approx(math.exp(mean + half))
     assert lo < 1.8 and hi > 2.2  # three draws: wider than their range
-    assert lives_ci([[[(2.0, 1.0)]]] * 3, 2.0) == pytest.approx([2.0, 2.0])
-    assert lives_ci([[[(2.0, 1.0)]]], 2.0) is None
+    assert lives_ci([[[(2.0, 1.0)]]] * 3) == pytest.approx([2.0, 2.0])
+    assert lives_ci([[[(2.0, 1.0)]]]) is None

@@ -287,3 +287,17 @@ def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_
     assert all_gone(tmp_path / "pids")
     with pytest.raises(Exception, match="serve.fresh_servers=true .* needs serve.interleave=true"):
         ServingSettings(fresh_servers=True, interleave=False)
+
+
+def test_decision_lives_beside_fresh_servers_count_every_server_pair(fake, tmp_path):
+    """serve.fresh_servers: each main pass is a life of its own, so two passes + two decision lives are four lives;
+    at most two servers were up at once (every pair stops before the next starts)."""
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=2, fresh_servers=True,
+                               decision_servers=2, max_repeats=4)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             log=lambda *_: None)
+    assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4}]
+    assert len(set(serving["cells"][0]["timings"]["servers"])) == 4 and all_gone(tmp_path / "pids")
