@@ -286,12 +286,9 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             server lives (a newly started plain and spec server each, one pass), so that its interval holds what
             changes from one server start to the next."""
             nonlocal lives
-            if decide is None or not settings.decision_servers:
+            level = decision_concurrency()
+            if level is None or not settings.decision_servers:
                 return
-            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
-            if not levels:
-                return
-            level = decision_level(levels, decide.get("concurrency"))[0]
             lives = {"concurrency": level, "servers": settings.decision_servers, "cells": []}
             for name in drafts:
                 mine = [c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
@@ -307,13 +304,22 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
         def new_life(name: str, kk: int, level: int, label: str) -> None:
             """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
-            nonlocal cells
             spec_runs, plain = raw[(name, kk)]
             pair = server(f"plain-{label}"), server(label, str(drafts[name]), kk)
             with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
                 spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
                                          levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
                                          server=label, log=log)
+            remeasured(name, kk, spec_runs, plain)
+
+        def decision_concurrency() -> Optional[int]:
+            """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
+            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
+            return decision_level(levels, decide.get("concurrency"))[0] if decide is not None and levels else None
+
+        def remeasured(name: str, kk: int, spec_runs, plain) -> None:
+            """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
+            nonlocal cells
             raw[(name, kk)] = (spec_runs, plain)
             cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(name, kk, spec_runs, plain,
                                                                                        reference)
@@ -322,13 +328,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided: each on
             a new server life when serve.decision_servers > 0 (passes inside one life cannot narrow the spread between
             lives), else on one more spec server beside the plain one."""
-            nonlocal cells, added
-            if decide is None or settings.max_repeats <= settings.repeats:
+            nonlocal added
+            level = decision_concurrency()
+            if level is None or settings.max_repeats <= settings.repeats:
                 return
-            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
-            if not levels:
-                return
-            level = decision_level(levels, decide.get("concurrency"))[0]
             added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
             for name, kk in undecided_serving(cells, drafts, level, decide):
                 if (name, kk) not in undecided_serving(cells, drafts, level, decide):
@@ -351,9 +354,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                                      levels=[("concurrency", level)], passes=1, into=raw[(name, kk)],
                                                      warmup=taken == 0, server=f"{label}+plain", log=log)
                             taken += 1
-                            raw[(name, kk)] = (spec_runs, plain)
-                            cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
-                                name, kk, spec_runs, plain, reference)
+                            remeasured(name, kk, spec_runs, plain)
                 added["cells"].append({"draft": name, "k": kk, "added": taken,
                                        "passes": len(raw[(name, kk)][0][("concurrency", level)][0]),
                                        "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
