@@ -51,8 +51,8 @@ from draftsmith.eval.gates import PROMOTED, REFUSED, decide
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
-from draftsmith.eval.serving_stats import (best_k_per_concurrency, decision_level, k_bands,  # noqa: F401 (k_bands)
-                                          throughput_scale)
+from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, decision_level,  # noqa: F401
+                                          k_bands)  # (k_bands)
 
 MEASURED = "measured in this eval"
 
@@ -316,14 +316,14 @@ def _at_level(cells: list[dict], level: int) -> dict | None:
 def _serving_difference(serving: ServingTable, name: str, candidate: dict, champion: dict,
                         level: int) -> list[float] | None:
     """The interval of candidate - production serving speedup at `level` from the cells' paired latencies (their
-    chosen K; None when either is "off" or has no timings)."""
+    chosen K; None when either is "off" or has no timings): eval/serving_stats.py cell_difference_ci, which also
+    holds the spread between the cells' server lives."""
     if not candidate["best_k"] or not champion.get("best_k"):
         return None
     cells = [serving.cell(name, level, candidate["best_k"]), serving.cell("production", level, champion["best_k"])]
-    a, b = (_timed_units(c) for c in cells)
-    if not (a and b):
-        return None  # the throughput speedups' difference: each latency ratio scaled as its cell's interval is
-    return difference_ci(a, b, scale_a=throughput_scale(cells[0]), scale_b=throughput_scale(cells[1]))
+    if not all(c and c.get("timings") for c in cells):
+        return None
+    return cell_difference_ci(*cells)  # the throughput speedups' difference, the lives' spread held
 
 
 def _serving_candidate(serving: ServingTable | None, name: str, metrics: EvalMetrics,

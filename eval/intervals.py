@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 Pair = tuple[float, float]  # (plain, spec) measured side by side
 Units = list[list[Pair]]  # [unit][repeat] -> (plain, spec)
@@ -207,12 +207,7 @@ def lives_ci(lives: list[list[list[Pair]]]) -> Interval:
     each life weighs the same, whatever its number of passes). A server start changes a cell's figures
     by more than two passes inside one life show (BENCHMARKS.md, "Verdicts under noise"), and with a handful of
     lives a bootstrap over them would understate that spread. None with fewer than two lives."""
-    ratios = []
-    for life in lives:
-        num = sum(p for one in life for p, _ in one)
-        den = sum(s for one in life for _, s in one)
-        if num > 0 and den > 0:
-            ratios.append(math.log(num / den))
+    ratios = _life_logs(lives)
     if len(ratios) < 2:
         return None
     n = len(ratios)
@@ -220,6 +215,37 @@ def lives_ci(lives: list[list[list[Pair]]]) -> Interval:
     sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
     half = t975(n - 1) * sd / math.sqrt(n)
     return [math.exp(mean - half), math.exp(mean + half)]
+
+
+def lives_ratio_ci(a: list[list[list[Pair]]], b: list[list[list[Pair]]]) -> Interval:
+    """The 95% interval of ratio(a) / ratio(b) for two cells each measured on its own server lives (as
+    :func:`lives_ci`; a life of `a` and one of `b` are different server starts, so nothing pairs them): Welch's
+    t-interval on the difference of the lives' mean log ratios, exp'd — g_a / g_b x exp(+-t_{0.975, df} x
+    sqrt(s_a^2 / n_a + s_b^2 / n_b)), df by Welch-Satterthwaite (rounded down). None unless both cells have two
+    lives or more."""
+    la, lb = _life_logs(a), _life_logs(b)
+    if len(la) < 2 or len(lb) < 2:
+        return None
+    mean_a, mean_b = sum(la) / len(la), sum(lb) / len(lb)
+    va = sum((r - mean_a) ** 2 for r in la) / (len(la) - 1) / len(la)
+    vb = sum((r - mean_b) ** 2 for r in lb) / (len(lb) - 1) / len(lb)
+    centre = mean_a - mean_b
+    if va + vb == 0:
+        return [math.exp(centre), math.exp(centre)]
+    df = (va + vb) ** 2 / (va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1))
+    half = t975(max(1, int(df))) * math.sqrt(va + vb)
+    return [math.exp(centre - half), math.exp(centre + half)]
+
+
+def _life_logs(lives: list[list[list[Pair]]]) -> list[float]:
+    """log(sum(plain) / sum(spec)) of each life (its passes pooled); lives with nothing timed are left out."""
+    out = []
+    for life in lives:
+        num = sum(p for one in life for p, _ in one)
+        den = sum(s for one in life for _, s in one)
+        if num > 0 and den > 0:
+            out.append(math.log(num / den))
+    return out
 
 
 def verdict(ci: Interval, bar: float) -> str:
@@ -243,7 +269,8 @@ def format_ci(value: Optional[float], ci: Interval, unit: str = "x", digits: int
 
 
 def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: int = 0,
-             speeds: Optional[dict] = None, intervals: Optional[dict] = None, scales: Optional[dict] = None) -> dict:
+             speeds: Optional[dict] = None, intervals: Optional[dict] = None, scales: Optional[dict] = None,
+             differences: Optional[Callable[[int, int], Interval]] = None) -> dict:
     """The best K of one draft by a rule that does not follow the noise.
 
     `cells`: K -> the units of that K's cell (all measured on the same prompts). The *leader* is the K with
@@ -254,7 +281,9 @@ def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: i
     A K whose difference cannot be estimated is not indistinguishable. The chosen K is the **smallest**
     indistinguishable K (it costs the least draft compute, and at higher load the least wasted verification).
     `speeds` / `intervals` / `scales` (K -> value): a serving cell's throughput speedup, its own interval and the
-    factor from its latency ratio to it, in place of what the units give.
+    factor from its latency ratio to it, in place of what the units give. `differences(a, b)`: the interval of K=a's
+    speedup minus K=b's, in place of :func:`difference_ci` on the units (a serving cell's also holds the spread
+    between server lives, eval/serving_stats.py cell_difference_ci).
     -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.
     """
     if not cells:
@@ -268,8 +297,9 @@ def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: i
     for k in cells:
         if k == leader:
             continue
-        ci = difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
-                           scale_b=scale.get(k, 1.0))
+        ci = (differences(leader, k) if differences is not None
+              else difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
+                                 scale_b=scale.get(k, 1.0)))
         own = own_ci[k]
         same = all(verdict(own, bar) == verdict(lead_ci, bar) for bar in bars)
         if ci is not None and ci[0] <= 0.0 and same and (speed[k] > 1.0 or speed[leader] <= 1.0):

@@ -55,10 +55,10 @@ from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metric
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
-from draftsmith.eval.intervals import STRADDLES, UNKNOWN, difference_ci, format_ci, verdict
+from draftsmith.eval.intervals import STRADDLES, UNKNOWN, format_ci, verdict
 from draftsmith.eval.load import run_load
 from draftsmith.serve.client import served_model
-from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_units, compare_reference,  # noqa: F401
+from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
                                           decision_level, k_bands, make_cell, merge_passes, summarize,
                                           summary_lines)
 from draftsmith.eval.settings import ServingSettings, candidate_name
@@ -282,9 +282,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 scheduled["after_lives"] = now and now["schedule"]
 
         def decision_lives() -> None:
-            """serve.decision_servers: each draft's chosen cell at the decision level measured on that many more
-            server lives (a newly started plain and spec server each, one pass), so that its interval holds what
-            changes from one server start to the next."""
+            """serve.decision_servers: at the decision level, each draft's chosen cell — and every K its speedup is
+            indistinguishable from after the first passes, so that the choice between them is not taken on one
+            server life — measured on that many more server lives (a newly started plain and spec server each, one
+            pass), so that their intervals hold what changes from one server start to the next."""
             nonlocal lives
             level = decision_concurrency()
             if level is None or not settings.decision_servers:
@@ -293,14 +294,18 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             for name in drafts:
                 mine = [c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
                 choice = best_k_per_concurrency(mine)[0] if mine else {}
-                kk = choice.get("k") or choice.get("best_speedup_k")
-                if not kk:
+                chosen = choice.get("k") or choice.get("best_speedup_k")
+                if not chosen:
                     continue
-                for i in range(settings.decision_servers):
-                    new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}")
-                loads = raw[(name, kk)][0][("concurrency", level)][0]
-                lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
-                                       "passes": len(loads)})
+                tied = sorted({chosen, *choice.get("indistinguishable", [])})
+                for i in range(settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
+                    for kk in tied:
+                        new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}")
+                for kk in tied:
+                    loads = raw[(name, kk)][0][("concurrency", level)][0]
+                    lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
+                                           "passes": len(loads), "chosen_before": kk == chosen,
+                                           "indistinguishable_before": tied})
 
         def new_life(name: str, kk: int, level: int, label: str) -> None:
             """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
@@ -440,8 +445,7 @@ def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: dict)
             if any(verdict(ci, bar) in (STRADDLES, UNKNOWN) for bar in decide.get("at") or []):
                 todo.append((name, kk))
     if decide.get("margin") is not None and len(chosen) == 2 and all(chosen.values()):
-        a, b = (cell_units(chosen[n]) for n in names)
-        if a and b and verdict(difference_ci(a, b), decide["margin"]) in (STRADDLES, UNKNOWN):
+        if verdict(cell_difference_ci(*(chosen[n] for n in names)), decide["margin"]) in (STRADDLES, UNKNOWN):
             todo += [(n, chosen[n]["k"]) for n in names]
     return list(dict.fromkeys(todo))
 

@@ -31,8 +31,8 @@ import math
 from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
-from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, format_ci, lives_ci, nested_ratio_ci, ratio,  # noqa: F401
-                                      units_from_passes, verdict)
+from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, difference_ci, format_ci, lives_ci,  # noqa: F401
+                                      lives_ratio_ci, nested_ratio_ci, ratio, units_from_passes, verdict)
 from draftsmith.eval.load import LoadResult
 
 
@@ -140,14 +140,41 @@ def speedup_interval(speedup: Optional[float], timings: dict) -> Optional[list[f
     ci = nested_ratio_ci(passes)
     if ci is None or speedup is None or not ratio(units):
         return None
-    servers = timings.get("servers") or []
-    if len(set(servers)) >= MIN_LIVES and len(servers) == len(passes):
-        lives = [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
-        between = lives_ci(lives)
-        if between is not None:
-            ci = [min(ci[0], between[0]), max(ci[1], between[1])]
+    lives = timed_lives(timings)
+    between = lives_ci(lives) if lives else None
+    if between is not None:
+        ci = [min(ci[0], between[0]), max(ci[1], between[1])]
     scale = speedup / ratio(units)
     return [ci[0] * scale, ci[1] * scale]
+
+
+def timed_lives(timings: dict) -> Optional[list[list[list[tuple[float, float]]]]]:
+    """A cell's paired (plain, spec) latencies grouped by server life ([life][pass][pair]) when its passes ran on at
+    least MIN_LIVES server lives (``timings["servers"]``), else None: too few lives to estimate their spread."""
+    servers = timings.get("servers") or []
+    if len(set(servers)) < MIN_LIVES or len(servers) != len(timings["spec_s"]):
+        return None
+    passes = [[(p, s) for p, s in zip(plain, spec) if p is not None and s is not None]
+              for plain, spec in zip(timings["plain_s"], timings["spec_s"])]
+    return [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
+
+
+def cell_difference_ci(a: dict, b: dict) -> Optional[list[float]]:
+    """The 95% interval of cell `a`'s speedup minus cell `b`'s (two K of one draft, or a candidate and its champion,
+    served the same requests): the paired bootstrap over requests (eval/intervals.py difference_ci, each side's
+    throughput / latency factor applied), and — when both cells ran on at least MIN_LIVES server lives — the wider
+    bound with the interval of their ratio across lives (lives_ratio_ci, taken to a difference at `b`'s speedup:
+    s_a - s_b = s_b (s_a / s_b - 1)), so that a difference is not declared on passes that share a server start.
+    None when the requests leave nothing to resample."""
+    ua, ub = cell_units(a), cell_units(b)
+    ci = difference_ci(ua, ub, scale_a=throughput_scale(a), scale_b=throughput_scale(b)) if ua and ub else None
+    if ci is None:
+        return None
+    la, lb = timed_lives(a["timings"]), timed_lives(b["timings"])
+    rho = lives_ratio_ci(la, lb) if la and lb else None
+    if rho is not None and b.get("speedup"):
+        ci = [min(ci[0], b["speedup"] * (rho[0] - 1.0)), max(ci[1], b["speedup"] * (rho[1] - 1.0))]
+    return ci
 
 
 def throughput_scale(cell: dict) -> float:
@@ -234,7 +261,7 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
         if all(units.values()):
             choice = choose_k(units, speeds={k: c["speedup"] for k, c in here.items()},
                               intervals={k: c.get("speedup_ci95") for k, c in here.items()},
-                              scales={k: throughput_scale(c) for k, c in here.items()})
+                              differences=lambda a, b: cell_difference_ci(here[a], here[b]))
         else:  # cells written before intervals: the fastest K
             k = max(here.values(), key=lambda c: (c["speedup"], -c["k"]))["k"]
             choice = {"k": k, "indistinguishable": [k]}

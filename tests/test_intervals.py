@@ -141,3 +141,27 @@ def test_lives_ci_by_hand():
     assert lo < 1.8 and hi > 2.2  # three draws: wider than their range
     assert lives_ci([[[(2.0, 1.0)]]] * 3) == pytest.approx([2.0, 2.0])
     assert lives_ci([[[(2.0, 1.0)]]]) is None
+
+
+def test_lives_ratio_ci_by_hand():
+    """Two cells on their own server lives (a: 1.8, 2.0, 2.2; b: 1.5, 1.7): Welch's t-interval on the difference of
+    the lives' mean log speedups, exp'd, df by Welch-Satterthwaite rounded down; fewer than two lives give none;
+    lives without spread give the point ratio."""
+    import math
+
+    from draftsmith.eval.intervals import lives_ratio_ci, t975
+
+    def lives(speedups):
+        return [[[(s, 1.0)]] for s in speedups]
+
+    la, lb = [math.log(x) for x in (1.8, 2.0, 2.2)], [math.log(x) for x in (1.5, 1.7)]
+    ma, mb = sum(la) / 3, sum(lb) / 2
+    va = sum((x - ma) ** 2 for x in la) / 2 / 3
+    vb = sum((x - mb) ** 2 for x in lb) / 1 / 2
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 1)
+    half = t975(int(df)) * math.sqrt(va + vb)
+    lo, hi = lives_ratio_ci(lives([1.8, 2.0, 2.2]), lives([1.5, 1.7]))
+    assert lo == pytest.approx(math.exp(ma - mb - half)) and hi == pytest.approx(math.exp(ma - mb + half))
+    assert lo < 1.0 < hi  # two lives of b: too few to tell 2.0 from 1.6 apart
+    assert lives_ratio_ci(lives([2.0, 2.0]), lives([1.6, 1.6])) == pytest.approx([1.25, 1.25])
+    assert lives_ratio_ci(lives([1.8, 2.0, 2.2]), lives([1.6])) is None

@@ -247,10 +247,39 @@ def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
     assert by_level[1]["timings"]["servers"] == ["trained-k2+plain"] * 2 and by_level[1]["repeats"] == 2
     assert by_level[2]["repeats"] == 4 and by_level[2]["speedup_ci95"] is not None
     assert serving["decision_servers"] == {"concurrency": 2, "servers": 2,
-                                           "cells": [{"draft": "trained", "k": 2, "lives": 3, "passes": 4}]}
+                                           "cells": [{"draft": "trained", "k": 2, "lives": 3, "passes": 4,
+                                                      "chosen_before": True, "indistinguishable_before": [2]}]}
     assert all_gone(tmp_path / "pids")
     with pytest.raises(Exception, match="serve.decision_servers must be an integer >= 0"):
         ServingSettings(decision_servers=-1)
+
+
+def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(fake, tmp_path, monkeypatch):
+    """When K=2 and K=3 are indistinguishable at the decision level after the first passes, both cells get the
+    lives (the K of one life in turn), so that the choice between them is not taken on one server life."""
+    from draftsmith.eval import serving as serving_mod
+
+    real = serving_mod.best_k_per_concurrency
+
+    def tied(cells):
+        return [{**entry, "k": 2, "best_speedup_k": 2, "indistinguishable": [2, 3]} for entry in real(cells)]
+
+    monkeypatch.setattr(serving_mod, "best_k_per_concurrency", tied)
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=1)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             log=lambda *_: None)
+    lives = [log for log in serving["logs"] if "life" in log and "plain" not in log]
+    assert lives == ["serving_logs/trained-k2-life2.log", "serving_logs/trained-k3-life2.log",
+                     "serving_logs/trained-k2-life3.log", "serving_logs/trained-k3-life3.log"]
+    by_k = {c["k"]: c for c in serving["cells"]}
+    assert by_k[2]["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-life3"]
+    assert by_k[3]["timings"]["servers"] == ["trained-k3+plain", "trained-k3-life2", "trained-k3-life3"]
+    assert [(c["k"], c["lives"], c["chosen_before"]) for c in serving["decision_servers"]["cells"]] == [
+        (2, 3, True), (3, 3, False)]
+    assert all_gone(tmp_path / "pids")
 
 
 def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path, monkeypatch):
@@ -299,5 +328,6 @@ def test_decision_lives_beside_fresh_servers_count_every_server_pair(fake, tmp_p
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
                              decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
                              log=lambda *_: None)
-    assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4}]
+    assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4,
+                                                     "chosen_before": True, "indistinguishable_before": [2]}]
     assert len(set(serving["cells"][0]["timings"]["servers"])) == 4 and all_gone(tmp_path / "pids")

@@ -315,3 +315,36 @@ def test_a_cells_interval_holds_the_spread_of_three_server_lives_or_more():
     assert with_lives[0] < 1.8 < 2.2 < with_lives[1]
     two = timings([1.8, 1.8, 2.2, 2.2], ["a", "a", "b", "b"])
     assert speedup_interval(2.0, two) == speedup_interval(2.0, {k: v for k, v in two.items() if k != "servers"})
+
+
+def _lives_cell(k: int, speedups: list[float], servers: list[str] | None) -> dict:
+    """A concurrency-1 cell whose pass i ran on server life servers[i] at speedup speedups[i] (8 identical
+    requests a pass: the requests alone carry no spread)."""
+    timings = {"plain_s": [[s] * 8 for s in speedups], "spec_s": [[1.0] * 8 for _ in speedups]}
+    if servers:
+        timings["servers"] = servers
+    speedup = sum(speedups) / len(speedups)
+    from draftsmith.eval.serving_stats import speedup_interval
+
+    return {"draft": "trained", "k": k, "concurrency": 1, "speedup": speedup,
+            "speedup_ci95": speedup_interval(speedup, timings), "timings": timings}
+
+
+def test_a_difference_of_cells_on_three_lives_holds_the_lives_spread():
+    """K=4 reads 2.0 and K=2 1.9 on every request; within each life the passes agree, between lives they differ.
+    On the requests alone the difference 0.1 is sure (a zero-width interval), so K=4 wins; with the cells' three
+    server lives recorded the difference's interval holds 0, the two K are indistinguishable and the smaller
+    K is chosen. Fewer than three lives on either side leave the requests' interval."""
+    from draftsmith.eval.serving_stats import best_k_per_concurrency, cell_difference_ci
+
+    lives = ["a", "b", "c"]
+    k4, k2 = _lives_cell(4, [1.8, 2.0, 2.2], lives), _lives_cell(2, [1.7, 1.9, 2.1], ["x", "y", "z"])
+    bare4, bare2 = _lives_cell(4, [1.8, 2.0, 2.2], None), _lives_cell(2, [1.7, 1.9, 2.1], None)
+    assert cell_difference_ci(bare4, bare2) == pytest.approx([0.1, 0.1])
+    lo, hi = cell_difference_ci(k4, k2)
+    assert lo < 0.0 < 0.1 < hi
+    assert best_k_per_concurrency([bare2, bare4])[0]["k"] == 4
+    choice = best_k_per_concurrency([k2, k4])[0]
+    assert choice["k"] == 2 and choice["indistinguishable"] == [2, 4]
+    two_lives = _lives_cell(2, [1.7, 1.9, 2.1], ["x", "x", "y"])
+    assert cell_difference_ci(k4, two_lives) == pytest.approx([0.1, 0.1])
