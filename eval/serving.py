@@ -213,6 +213,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
 
         plain_runs, raw = None, {}
+        failed_lives: list[str] = []  # server lives that would not start or serve (warnings)
         late_schedule: list[str] = []  # a warning when the lives bring a K schedule the first passes did not
         plain_ready = lambda: None  # noqa: E731 - waits for the main plain server when it was started without waiting
 
@@ -307,15 +308,27 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                            "passes": len(loads), "chosen_before": kk == chosen,
                                            "indistinguishable_before": tied})
 
-        def new_life(name: str, kk: int, level: int, label: str) -> None:
-            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair."""
+        def new_life(name: str, kk: int, level: int, label: str) -> bool:
+            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair; False when
+            that pair would not start or serve (said in serving.json's warnings: the cell keeps the lives it has,
+            and the measurements already taken are not lost)."""
+            from draftsmith.serve.errors import VllmError
+
             spec_runs, plain = raw[(name, kk)]
             pair = server(f"plain-{label}"), server(label, str(drafts[name]), kk)
-            with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
-                spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
-                                         levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
-                                         server=label, log=log)
+            try:
+                with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
+                    spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
+                                             levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
+                                             server=label, log=log)
+            except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
+                failed_lives.append(f"server life {label} failed: {str(exc).splitlines()[0]} (its logs: "
+                                    f"serving_logs/plain-{label}.log, serving_logs/{label}.log); the cell kept the "
+                                    "lives it had")
+                log(f"draftsmith: serving: {failed_lives[-1]}")
+                return False
             remeasured(name, kk, spec_runs, plain)
+            return True
 
         def decision_concurrency() -> Optional[int]:
             """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
@@ -349,7 +362,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
                 if settings.decision_servers:
                     while more():
-                        new_life(name, kk, level, f"{_slug(name)}-k{kk}-more{taken + 1}")
+                        if not new_life(name, kk, level, f"{_slug(name)}-k{kk}-more{taken + 1}"):
+                            break  # a pair that would not start: no more tries for this cell
                         taken += 1
                 elif more():  # the budget may already be spent: no server started for nothing
                     label = f"{_slug(name)}-k{kk}-more"
@@ -412,7 +426,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                    f"{describe_schedule(scheduled['after_lives']) if scheduled['after_lives'] else 'one static K'}); "
                    "promotion exports the latter"] if (scheduled or {}).get("after_lives", 0) != 0
                   else [])
-               + (late_schedule if not settings.url else [])
+               + (late_schedule + failed_lives if not settings.url else [])
                + ([f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain server "
                    "beside each spec server): the decision cell was measured on one server life"]
                   if settings.decision_servers and not settings.interleave and decide is not None and not settings.url

@@ -282,6 +282,38 @@ def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(f
     assert all_gone(tmp_path / "pids")
 
 
+def test_a_server_life_that_will_not_start_is_said_and_the_cell_keeps_its_lives(fake, tmp_path, monkeypatch):
+    """A decision life whose servers fail to start does not fail the serving A/B: the cell keeps the passes it had,
+    the failure is a warning naming the life's logs, and no more lives are tried for a cell whose start failed."""
+    from draftsmith.eval import serving as serving_mod
+    from draftsmith.serve.errors import VllmError
+
+    real = serving_mod.started_together
+
+    def flaky(*servers):
+        if any("life3" in srv.log_path.name or "more" in srv.log_path.name for srv in servers):
+            raise VllmError("vLLM server exited with status 3 (fake)")
+        return real(*servers)
+
+    monkeypatch.setattr(serving_mod, "started_together", flaky)
+    monkeypatch.setattr(serving_mod, "undecided_serving", lambda *a: [("trained", 2)])  # never decided
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=5)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             log=lambda *_: None)
+    (cell,) = serving["cells"]
+    assert cell["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2"] and cell["repeats"] == 2
+    failed = [w for w in serving["warnings"] if "server life" in w]
+    assert len(failed) == 2  # life 3, then the one added pass tried (no retry loop)
+    assert "trained-k2-life3 failed: vLLM server exited with status 3 (fake)" in failed[0]
+    assert "serving_logs/trained-k2-life3.log" in failed[0]
+    assert serving["added_passes"]["cells"] == [{"draft": "trained", "k": 2, "added": 0, "passes": 2,
+                                                 "decided": False}]
+    assert all_gone(tmp_path / "pids")
+
+
 def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path, monkeypatch):
     from draftsmith.eval import serving as serving_mod
 
