@@ -300,34 +300,51 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     continue
                 tied = sorted({chosen, *choice.get("indistinguishable", [])})
                 for i in range(settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
-                    for kk in tied:
-                        new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}")
+                    if len(tied) == 1:
+                        new_life(name, chosen, level, f"{_slug(name)}-k{chosen}-life{i + 2}")
+                        continue
+                    # one new plain server per life, beside a new spec server for each K in turn (the first starts
+                    # with it): at most two servers up, one server start fewer per K after the first
+                    plain_srv = server(f"plain-{_slug(name)}-life{i + 2}")
+                    plain_srv.start()
+                    try:
+                        for kk in tied:
+                            new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}", plain=plain_srv)
+                    finally:
+                        plain_srv.stop()
                 for kk in tied:
                     loads = raw[(name, kk)][0][("concurrency", level)][0]
                     lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
                                            "passes": len(loads), "chosen_before": kk == chosen,
                                            "indistinguishable_before": tied})
 
-        def new_life(name: str, kk: int, level: int, label: str) -> bool:
-            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair; False when
-            that pair would not start or serve (said in serving.json's warnings: the cell keeps the lives it has,
-            and the measurements already taken are not lost)."""
+        def new_life(name: str, kk: int, level: int, label: str, plain: Optional[VllmServer] = None) -> bool:
+            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair (`plain`: a
+            plain server of this life already started, beside which only the spec server starts); False when they
+            would not start or serve (said in serving.json's warnings: the cell keeps the lives it has, and the
+            measurements already taken are not lost)."""
             from draftsmith.serve.errors import VllmError
 
-            spec_runs, plain = raw[(name, kk)]
-            pair = server(f"plain-{label}"), server(label, str(drafts[name]), kk)
+            def one_pass(srv: VllmServer, plain_srv: VllmServer):
+                return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
+                             levels=[("concurrency", level)], passes=1, into=raw[(name, kk)], server=label, log=log)
+
+            plain_log = plain.log_path.name if plain is not None else f"plain-{label}.log"
             try:
-                with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
-                    spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
-                                             levels=[("concurrency", level)], passes=1, into=(spec_runs, plain),
-                                             server=label, log=log)
+                if plain is None:
+                    with started_together(server(f"plain-{label}"), server(label, str(drafts[name]), kk)) as pair:
+                        spec_runs, runs = one_pass(pair[1], pair[0])  # the two start-ups overlapped
+                else:
+                    with server(label, str(drafts[name]), kk) as srv:
+                        plain.wait_healthy()  # started beside the first spec server: up by now, or waited for
+                        spec_runs, runs = one_pass(srv, plain)
             except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
                 failed_lives.append(f"server life {label} failed: {str(exc).splitlines()[0]} (its logs: "
-                                    f"serving_logs/plain-{label}.log, serving_logs/{label}.log); the cell kept the "
+                                    f"serving_logs/{plain_log}, serving_logs/{label}.log); the cell kept the "
                                     "lives it had")
                 log(f"draftsmith: serving: {failed_lives[-1]}")
                 return False
-            remeasured(name, kk, spec_runs, plain)
+            remeasured(name, kk, spec_runs, runs)
             return True
 
         def decision_concurrency() -> Optional[int]:

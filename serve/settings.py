@@ -27,7 +27,7 @@ class ServerSettings:
     tensor_parallel_size: int = 1  # GPUs one copy of the target is split over (vLLM --tensor-parallel-size)
     data_parallel_size: int = 1  # copies of the target behind the one server (vLLM --data-parallel-size)
     gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU
-    kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE (CPU backend only)
+    kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE, whole GiB (CPU backend only; vLLM reads an integer)
     enforce_eager: bool = True  # skip graph capture / compilation (fast start-up; false on a GPU for throughput)
     preload_iomp: bool = False  # CPU: LD_PRELOAD vllm-cpu's libiomp5.so, as vLLM advises for spec decode (no clear
     # gain measured on a shared 2-core machine: tiny pair, K=2, 62 -> 74 tok/s at concurrency 1, 180 -> 111 at 4)
@@ -45,7 +45,9 @@ class ServerSettings:
               f"{key}.url={self.url!r} is not an http(s) URL (e.g. http://gpu-node:8000)")
         check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
               f"{key}.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        check(self.kvcache_gib > 0, f"{key}.kvcache_gib must be > 0 (GiB), got {self.kvcache_gib}")
+        check(self.kvcache_gib >= 1 and float(self.kvcache_gib).is_integer(),
+              f"{key}.kvcache_gib must be a whole number of GiB >= 1 (vLLM reads VLLM_CPU_KVCACHE_SPACE as an "
+              f"integer), got {self.kvcache_gib}")
         check(self.startup_timeout_s > 0, f"{key}.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         check(self.request_timeout_s > 0, f"{key}.request_timeout_s must be > 0, got {self.request_timeout_s}")
 

@@ -135,6 +135,9 @@ def test_settings_name_the_key():
         DatagenSettings(engine="sglang")
     with pytest.raises(ConfigError, match="data.vllm.tensor_parallel_size must be an integer >= 1"):
         DatagenVllmSettings(tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match=r"data.vllm.kvcache_gib must be a whole number of GiB >= 1 .* got 0.25"):
+        DatagenVllmSettings(kvcache_gib=0.25)  # vLLM would fail at start-up: int('0.25')
+    assert DatagenVllmSettings(kvcache_gib=3.0).kvcache_gib == 3.0
     with pytest.raises(ConfigError, match="data.vllm.url='gpu-node:8000' is not an http"):
         DatagenVllmSettings(url="gpu-node:8000")
     assert DatagenSettings(vllm={"url": "http://n:8000"}).vllm.url == "http://n:8000"

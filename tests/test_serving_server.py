@@ -256,7 +256,8 @@ def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
 
 def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(fake, tmp_path, monkeypatch):
     """When K=2 and K=3 are indistinguishable at the decision level after the first passes, both cells get the
-    lives (the K of one life in turn), so that the choice between them is not taken on one server life."""
+    lives (the K of one life in turn, beside that life's one new plain server), so that the choice between them
+    is not taken on one server life."""
     from draftsmith.eval import serving as serving_mod
 
     real = serving_mod.best_k_per_concurrency
@@ -274,6 +275,9 @@ def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(f
     lives = [log for log in serving["logs"] if "life" in log and "plain" not in log]
     assert lives == ["serving_logs/trained-k2-life2.log", "serving_logs/trained-k3-life2.log",
                      "serving_logs/trained-k2-life3.log", "serving_logs/trained-k3-life3.log"]
+    # one new plain server per life, beside both K's spec servers in turn
+    assert [log for log in serving["logs"] if "life" in log and "plain" in log] == [
+        "serving_logs/plain-trained-life2.log", "serving_logs/plain-trained-life3.log"]
     by_k = {c["k"]: c for c in serving["cells"]}
     assert by_k[2]["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-life3"]
     assert by_k[3]["timings"]["servers"] == ["trained-k3+plain", "trained-k3-life2", "trained-k3-life3"]
