@@ -621,6 +621,11 @@ def report_section(serving: dict) -> str:
                       f"K={row['best_static_k']} {format_ci(row['best_static_speedup'], row['best_static_ci95'])}")
             lines.append(f"| {row['concurrency']} | {format_ci(row['speedup'], row['speedup_ci95'])} | {static} | "
                          f"{'-' if row['agrees'] is None else ('yes' if row['agrees'] else 'no')} |")
+    lives = serving.get("decision_servers")
+    if lives and lives.get("cells"):
+        cells = ", ".join(f"{c['draft']} K={c['k']} ({c['lives']} lives, {c['passes']} passes)" for c in lives["cells"])
+        lines += ["", f"Decision cells at concurrency {lives['concurrency']}, each measured on "
+                      f"{lives['servers']} more server lives (a new plain and spec server each): {cells}."]
     lines += ["", *[f"- {line}" for line in summary_lines(serving)], ""]
     if serving.get("capacity"):
         lines += [capacity_markdown(serving["capacity"]), ""]

@@ -6,7 +6,9 @@ For each block size T: the model's decoder-layer matrices and its head, every on
 forward streams them from memory), as ``F.linear`` (what nn.Linear does) and as the weight-first product
 (``W @ x^T``; one token: ``W @ [x; 0]^T``), interleaved (the order alternates per repeat), medians; then the
 lean forward of one token after a 200-token prefix with each form forced, and with the measured choice
-(what decoding uses). Prints JSON. Results agree to float rounding (checked: max |difference| per T).
+(what decoding uses). For T >= 2 also the weight-first product padded with a zero column to T + 1 columns
+("padded": whether an odd T runs faster at the next even width, as one token does at two). Prints JSON. Results
+agree to float rounding (checked: max |difference| per T).
 """
 import argparse
 import json
@@ -18,6 +20,12 @@ import torch.nn.functional as F
 
 from draftsmith.decode.lean import LeanModel, _linear_block, _linear_one
 from draftsmith.decode.pair import load_model
+
+
+def _padded(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """W @ [x; 0]^T with T + 1 columns, the first T kept: [1, T, in] -> [1, T, out]."""
+    x = x[0]
+    return torch.mm(weight, torch.cat((x, x.new_zeros(1, x.shape[1]))).T)[:, :x.shape[0]].T.contiguous()[None]
 
 
 def main() -> None:
@@ -36,12 +44,15 @@ def main() -> None:
     with torch.inference_mode():
         for t in args.t:
             inputs = [torch.randn(1, t, w.shape[1]) for w in weights]
-            weight_first = _linear_one if t == 1 else _linear_block
-            err = max((weight_first(x, w) - F.linear(x, w)).abs().max().item() for x, w in zip(inputs, weights))
-            times = {"F.linear": [], "weight-first": []}
+            forms = {"F.linear": F.linear, "weight-first": _linear_one if t == 1 else _linear_block}
+            if t > 1:
+                forms["padded"] = _padded
+            err = max((f(x, w) - F.linear(x, w)).abs().max().item() for f in forms.values()
+                      for x, w in zip(inputs, weights))
+            times = {name: [] for name in forms}
             for r in range(args.repeats + 1):
-                for name in (("F.linear", "weight-first") if r % 2 else ("weight-first", "F.linear")):
-                    f = F.linear if name == "F.linear" else weight_first
+                for name in (list(forms) if r % 2 else list(forms)[::-1]):
+                    f = forms[name]
                     started = time.perf_counter()
                     for x, w in zip(inputs, weights):
                         f(x, w)

@@ -22,5 +22,6 @@ def test_block_forms_bench_prints_both_forms(tmp_path, tokenizer, monkeypatch, c
     assert out["matrices"] == 2 * 7 + 1 and set(out["products_ms"]) == {"1", "3"}
     for cell in out["products_ms"].values():
         assert cell["F.linear"] > 0 and cell["weight-first"] > 0 and cell["max_abs_diff"] < 1e-5
+    assert "padded" not in out["products_ms"]["1"] and out["products_ms"]["3"]["padded"] > 0
     assert set(out["forward_one_token_ms"]) == {"F.linear", "weight-first", "measured"}
     assert "layer@1" in out["measured_choice"] and "head@1" in out["measured_choice"]
