@@ -9,7 +9,6 @@ import torch
 from transformers import GenerationConfig
 
 from conftest import EOS_ID, WORDS, make_model, make_tokenizer
-from draftsmith.artifacts.errors import ConfigError
 from draftsmith.decode.eos import eos_ids
 from draftsmith.train.datagen import DatagenConfig, generate_all, given_completion, load_output, run, score_all, \
     score_batch
@@ -234,14 +233,31 @@ def test_an_empty_prompt_file_is_an_error_naming_it(tmp_path, tokenizer, target_
     assert not (tmp_path / "out").exists()
 
 
-def test_vllm_engine_with_responses_to_score_is_a_config_error(tmp_path, target_dir):
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": words(i, 3), "completion": "w1"} for i in range(4)])
-    for responses in ("given", "auto"):
-        cfg = config(target_dir, prompts, tmp_path / "out", responses=responses, engine="vllm",
-                     vllm={"url": "http://127.0.0.1:9"})  # nothing listens: the error comes before any request
-        with pytest.raises(ConfigError, match=r"data.responses=.*data.engine=vllm.*use data.engine=hf for scoring"):
-            run(cfg)
-    assert not (tmp_path / "out").exists()
+def test_vllm_engine_scores_given_responses_from_prompt_logprobs(tmp_path, target_dir, tokenizer):
+    """data.engine=vllm with data.responses=auto: records with a response are scored (one request each: prompt +
+    response as the prompt, prompt_logprobs=k, one ignored token), the others generated, on one server; the rows
+    keep the responses token for token and the top k of the response positions."""
+    from test_datagen_vllm import FakeCompletions
+
+    records = [{"prompt": words(i, 3), **({"completion": words(i + 9, 4)} if i % 2 else {})} for i in range(12)]
+    prompts = write_jsonl(tmp_path / "p.jsonl", records)
+    with FakeCompletions(delay_s=0.0) as fake:
+        manifest = run(config(target_dir, prompts, tmp_path / "out", responses="auto", engine="vllm",
+                              vllm={"url": fake.url}))
+    scoring = [b for b in fake.bodies if "prompt_logprobs" in b]
+    assert len(scoring) == 6 and all(b["max_tokens"] == 1 and b["prompt_logprobs"] == 4 for b in scoring)
+    assert manifest["responses"]["given"] == 6 and manifest["responses"]["generated"] == 6
+    ds, _ = load_output(tmp_path / "out")
+    rows = [r for split in ("train", "heldout") for r in ds[split].to_list()]
+    given = {tuple(b["prompt"]) for b in scoring}
+    for r in rows:
+        if tuple(r["prompt_ids"] + r["completion_ids"]) in given:  # scored: the fake's top ids at each position
+            n = len(r["prompt_ids"])
+            full = r["prompt_ids"] + r["completion_ids"]
+            assert [ids[0] for ids in r["topk_ids"]] == [(t * 5) % 64 for t in full[n:]]
+            assert all(len(ids) == 4 and -30.0 not in lps for ids, lps in zip(r["topk_ids"], r["topk_logprobs"]))
+    texts = {tokenizer.decode(r["completion_ids"], skip_special_tokens=True) for r in rows}
+    assert {rec["completion"] for rec in records if "completion" in rec} <= texts  # kept as given
 
 
 # -- auto: mixed -------------------------------------------------------------------------------------

@@ -105,6 +105,24 @@ def test_missing_top_logprobs_and_old_servers_are_clear_errors():
         records_of({"choices": [{"index": 0, "text": "w1"}]}, [4], settings(top_k_logprobs=0), {2})
 
 
+def test_scored_top_k_reads_the_response_positions_of_the_prompt_logprobs():
+    """prompt_logprobs[i] predicts prompt token i: a 2-token prompt + 2-token response takes positions 2 and 3, the
+    k largest of each (the token itself, outside the top k, dropped), best first; too few positions is an error."""
+    from draftsmith.train.datagen_vllm import score_body, scored_top_k
+
+    def pos(best, own):
+        return {str(best): {"logprob": -0.1, "rank": 1}, str(best + 1): {"logprob": -0.7, "rank": 2},
+                str(own): {"logprob": -20.0, "rank": 50}}
+
+    response = {"choices": [{"prompt_logprobs": [None, pos(9, 1), pos(30, 2), pos(40, 3)]}]}
+    ids, lps = scored_top_k(response, 2, 2, 2)
+    assert ids == [[30, 31], [40, 41]] and lps == [[-0.1, -0.7], [-0.1, -0.7]]
+    with pytest.raises(VllmError, match="prompt log-probs for 3 of 4 prompt \\+ response positions"):
+        scored_top_k({"choices": [{"prompt_logprobs": [None, pos(9, 1), pos(30, 2)]}]}, 2, 2, 2)
+    body = score_body("m", [5, 6], [7, 8], 4)
+    assert body["prompt"] == [5, 6, 7, 8] and body["prompt_logprobs"] == 4 and body["max_tokens"] == 1
+
+
 def test_request_body_matches_the_hf_engines_settings():
     greedy = request_body("m", [4, 5], settings(), {2, 9}, seed=11)
     assert greedy["prompt"] == [4, 5] and greedy["temperature"] == 0.0 and "seed" not in greedy
@@ -212,6 +230,12 @@ class FakeCompletions:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def response(self, body):
+        if body.get("prompt_logprobs"):  # scoring: per prompt position the token itself and k entries, by token id
+            k, prompt = body["prompt_logprobs"], body["prompt"]
+            positions = [None] + [{str(t): {"logprob": -30.0, "rank": 99},
+                                   **{str((t * 5 + i) % 64): {"logprob": -0.5 * i - 0.1, "rank": i + 1}
+                                      for i in range(k)}} for t in prompt[1:]]
+            return {"choices": [{"index": 0, "token_ids": [4], "prompt_logprobs": positions}]}
         k = body.get("logprobs") or 0
         choices = []
         for index in range(body["n"]):

@@ -106,3 +106,36 @@ def test_sampled_datagen_on_vllm_keeps_the_targets_raw_logprobs(vllm_info, tiny,
             worst = max(worst, max_abs(top.values.tolist(), r["topk_logprobs"]))
     print(f"sampled: max |HF forward - vLLM| top-k log-prob = {worst:.2e}")
     assert worst <= LOGPROB_TOL
+
+
+@pytest.mark.slow
+def test_responses_scored_on_vllm_equal_those_it_generated(vllm_info, tiny, tmp_path):
+    """data.responses=given on data.engine=vllm: vLLM's greedy completions fed back as given responses are kept token
+    for token, and the top-k log-probs vLLM's prompt log-probs give at their positions equal those recorded while
+    generating them (and the HF engine's scoring of the same records) within LOGPROB_TOL."""
+    generated, _ = datagen(tiny, tmp_path / "gen", engine="vllm", top_k_logprobs=8)
+    rows = [r for split in ("train", "heldout") for r in generated[split].to_list()]
+    given = tmp_path / "given.jsonl"  # prompt and response as token ids are not a record format: text round trip
+    tokenizer = make_tokenizer()
+    records = [{"prompt": tokenizer.decode(r["prompt_ids"], skip_special_tokens=True),
+                "completion": tokenizer.decode(r["completion_ids"], skip_special_tokens=True)} for r in rows]
+    given.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    scored, manifest = datagen(tiny, tmp_path / "scored", engine="vllm", top_k_logprobs=8, prompts=str(given),
+                               responses="given")
+    by_hf, _ = datagen(tiny, tmp_path / "hf", engine="hf", top_k_logprobs=8, prompts=str(given), responses="given")
+    assert manifest["responses"]["given"] == len(rows) and manifest["responses"]["generated"] == 0
+    made = {tuple(r["prompt_ids"]): r for r in rows}
+    worst = worst_hf = 0.0
+    compared = 0
+    for split in ("train", "heldout"):
+        for r, h in zip(scored[split].to_list(), by_hf[split].to_list()):
+            assert r["completion_ids"] == h["completion_ids"]
+            worst_hf = max(worst_hf, max_abs(r["topk_logprobs"], h["topk_logprobs"]))
+            g = made.get(tuple(r["prompt_ids"]))
+            if g is not None and g["completion_ids"] == r["completion_ids"]:  # the text round trip kept the tokens
+                worst = max(worst, max_abs(r["topk_logprobs"], g["topk_logprobs"]))
+                assert [ids[0] for ids in r["topk_ids"]] == r["completion_ids"]  # greedy: the best is the token
+                compared += 1
+    print(f"scored on vLLM vs generated: max |difference| {worst:.2e} over {compared} rows; vs HF scoring "
+          f"{worst_hf:.2e}")
+    assert compared >= len(rows) // 2 and worst <= LOGPROB_TOL and worst_hf <= LOGPROB_TOL

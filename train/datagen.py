@@ -23,8 +23,9 @@ A record may carry its own response (``data.responses=given|auto``: train/prompt
 Then nothing is generated for it: the response is the completion (cut after its first EOS and at
 ``data.max_new_tokens``, as a generated one ends), and the HF engine scores it with one teacher-forced forward
 per row (:func:`score_all`), keeping the same top-k log-probs that ``generate`` records: log_softmax of the
-raw logits at temperature 1. Scoring on vLLM (prompt log-probs) is not built: a record to score with
-``data.engine=vllm`` is a :class:`ConfigError`.
+raw logits at temperature 1; the vLLM engine takes them from the server's prompt log-probs over prompt +
+response (train/datagen_vllm.py ``score_all``: one prefill per row, ``data.batch_size`` in flight), generating
+for the records without a response on the same server.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from draftsmith.artifacts.formats import read_datagen, write_datagen
 from draftsmith.decode.eos import eos_ids, pretrained_eos_ids
 from draftsmith.decode.pair import load_model, load_tokenizer
 from draftsmith.artifacts.progress import progress
-from draftsmith.artifacts.errors import ConfigError, check
+from draftsmith.artifacts.errors import check
 from draftsmith.train.prompts import PreparedPrompts, PromptError, prepare_prompts, read_records
 from draftsmith.train.settings import DatagenSettings
 
@@ -198,10 +199,7 @@ def score_all(model, tokenizer, prompts: list[list[int]], responses: list[list[i
     responses were cut at data.max_new_tokens). The completion is the response (:func:`given_completion`); with
     data.top_k_logprobs the target's top-k log-probs at its positions (:func:`score_batch`, data.batch_size rows
     per forward, batched by similar length: less padding)."""
-    eos = eos_ids(model.generation_config, tokenizer)
-    made = [given_completion(r, eos, cfg.max_new_tokens) for r in responses]
-    rows = [{"prompt_ids": p, "completion_ids": c, "finished": f, "prompt_index": i}
-            for i, (p, (c, f, _)) in enumerate(zip(prompts, made))]
+    rows, truncated = given_rows(prompts, responses, eos_ids(model.generation_config, tokenizer), cfg.max_new_tokens)
     if cfg.top_k_logprobs and rows:
         order = sorted(range(len(rows)), key=lambda i: len(prompts[i]) + len(rows[i]["completion_ids"]))
         bar = progress(total=len(rows), desc=desc, unit="response")
@@ -213,6 +211,17 @@ def score_all(model, tokenizer, prompts: list[list[int]], responses: list[list[i
                 rows[i]["topk_ids"], rows[i]["topk_logprobs"] = ids, logprobs
             bar.update(len(idx))
         bar.close()
+    return rows, truncated
+
+
+def given_rows(prompts: list[list[int]], responses: list[list[int]], eos: set[int],
+               max_new_tokens: int) -> tuple[list[dict], int]:
+    """The rows of prompts that come with their responses, before scoring -> (rows in prompt order: prompt_ids,
+    completion_ids (the response, :func:`given_completion`), finished, prompt_index; how many responses were cut at
+    `max_new_tokens`). Both engines score these."""
+    made = [given_completion(r, eos, max_new_tokens) for r in responses]
+    rows = [{"prompt_ids": p, "completion_ids": c, "finished": f, "prompt_index": i}
+            for i, (p, (c, f, _)) in enumerate(zip(prompts, made))]
     return rows, sum(truncated for *_, truncated in made)
 
 
@@ -228,6 +237,7 @@ class Completions:
     engine: dict
     responses: dict
     logs: list[Path] = field(default_factory=list)
+    scored: dict[str, list[dict]] = field(default_factory=dict)  # complete_vllm: the scored rows, before the merge
 
 
 def merge_rows(generated: list[dict], generated_at: list[int], scored: list[dict], scored_at: list[int]) -> list[dict]:
@@ -238,44 +248,45 @@ def merge_rows(generated: list[dict], generated_at: list[int], scored: list[dict
     return sorted(rows, key=lambda r: r["prompt_index"])  # stable
 
 
-def generate_vllm(cfg: DatagenConfig, tokenizer, prompts: dict[str, list[list[int]]]):
-    """Every split's generated rows from vLLM -> (rows per split, generate seconds, the manifest's engine record,
-    log files). The server's start-up is outside the seconds."""
+def complete_vllm(cfg: DatagenConfig, tokenizer, to_generate: dict[str, list[list[int]]],
+                  to_score: dict[str, tuple[list[list[int]], list[list[int]]]]) -> Completions:
+    """Every split's rows from one vLLM server: generated for `to_generate`'s prompts, scored (its prompt log-probs
+    over prompt + response, train/datagen_vllm.py score_all) for `to_score`'s (prompts, responses); rows carry
+    prompt_index into their own list (merged by the caller). The server's start-up is outside the seconds."""
     from draftsmith.train import datagen_vllm
 
     eos = pretrained_eos_ids(cfg.target, tokenizer)
     log = Path(tempfile.mkdtemp(prefix="draftsmith-datagen-")) / "vllm_server.log"  # kept (quoted) on failure
+    scored, truncated = {}, 0
     with datagen_vllm.engine(cfg, log) as served:
         started = time.perf_counter()
-        splits = {name: datagen_vllm.generate_all(served.url, served.model, ids, cfg, eos, f"datagen {name}")
-                  for name, ids in prompts.items()}
-        gen_s = time.perf_counter() - started
+        generated = {name: datagen_vllm.generate_all(served.url, served.model, ids, cfg, eos, f"datagen {name}")
+                     for name, ids in to_generate.items()}
+        gen_s, started = time.perf_counter() - started, time.perf_counter()
+        for name, (prompts, responses) in to_score.items():
+            rows, cut = given_rows(prompts, responses, eos, cfg.max_new_tokens)
+            scored[name] = datagen_vllm.score_all(served.url, served.model, rows, cfg, f"datagen {name} (scoring)")
+            truncated += cut
+        score_s = time.perf_counter() - started
     if not log.exists():  # data.vllm.url: nothing was launched
         shutil.rmtree(log.parent, ignore_errors=True)
-    return splits, gen_s, served.info, [log] if log.exists() else []
-
-
-def check_engine_scores(cfg: DatagenConfig, n_given: int) -> None:
-    """Given responses are scored by the HF engine only: a :class:`ConfigError` before any work otherwise."""
-    if n_given and cfg.engine == "vllm":
-        raise ConfigError(f"data.responses={cfg.responses}: {n_given} prompts carry a response for the target to "
-                          "score, and data.engine=vllm does not score given responses (it only generates); use "
-                          "data.engine=hf for scoring, or data.responses=generate to have vLLM write new completions")
+    return Completions(generated, gen_s, served.info, responses_counts(generated, scored, truncated, score_s),
+                       [log] if log.exists() else [], scored=scored)
 
 
 def complete_splits(cfg: DatagenConfig, tokenizer, prepared: PreparedPrompts) -> Completions:
     """Every split's rows from the configured engine: generated for the prompts without a response, scored for
-    those with one (HF only), in prompt order. The engine's start-up (model load, vLLM server) is outside the
-    seconds."""
+    those with one, in prompt order. The engine's start-up (model load, vLLM server) is outside the seconds."""
     names = ("train", "heldout")
     given_at = {n: [i for i, r in enumerate(prepared.responses[n]) if r is not None] for n in names}
     new_at = {n: [i for i, r in enumerate(prepared.responses[n]) if r is None] for n in names}
-    check_engine_scores(cfg, sum(map(len, given_at.values())))
     to_generate = {n: [getattr(prepared, n)[i] for i in new_at[n]] for n in names}
+    to_score = {n: ([getattr(prepared, n)[i] for i in given_at[n]], [prepared.responses[n][i] for i in given_at[n]])
+                for n in names}
     if cfg.engine == "vllm":
-        splits, gen_s, info, logs = generate_vllm(cfg, tokenizer, to_generate)
-        return Completions({n: merge_rows(splits[n], new_at[n], [], []) for n in names}, gen_s, info,
-                           responses_counts(splits, {n: [] for n in names}, 0, 0.0), logs)
+        made = complete_vllm(cfg, tokenizer, to_generate, to_score)
+        made.splits = {n: merge_rows(made.splits[n], new_at[n], made.scored[n], given_at[n]) for n in names}
+        return made
     model = load_model(cfg.target, "target", cfg.dtype, cfg.device)
     started = time.perf_counter()
     generated = {n: generate_all(model, tokenizer, ids, cfg, f"datagen {n}") if ids else []
@@ -283,8 +294,7 @@ def complete_splits(cfg: DatagenConfig, tokenizer, prepared: PreparedPrompts) ->
     gen_s, started = time.perf_counter() - started, time.perf_counter()
     scored, truncated = {}, 0
     for n in names:
-        scored[n], cut = score_all(model, tokenizer, [getattr(prepared, n)[i] for i in given_at[n]],
-                                   [prepared.responses[n][i] for i in given_at[n]], cfg, f"datagen {n} (scoring)")
+        scored[n], cut = score_all(model, tokenizer, *to_score[n], cfg, f"datagen {n} (scoring)")
         truncated += cut
     score_s = time.perf_counter() - started
     splits = {n: merge_rows(generated[n], new_at[n], scored[n], given_at[n]) for n in names}

@@ -22,6 +22,11 @@ explicitly when the server is started here) takes log_softmax of the logits befo
 penalties and top-k/top-p, like the HF engine's ``output_logits``. vLLM returns the sampled token's
 log-prob beside the top k (k or k + 1 entries per position); the k largest are kept, best first.
 ``--max-logprobs`` (vLLM's default cap: 20) is raised to ``data.top_k_logprobs`` when it is larger.
+
+A given response (``data.responses=given|auto``) is scored instead of generated: one request whose prompt is
+prompt + response, ``prompt_logprobs=k`` and one ignored greedy token (:func:`score_body`); the log-probs at
+the response positions are the target's top k there (:func:`scored_top_k`), as the HF engine's teacher-forced
+forward records them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from draftsmith.artifacts.progress import progress
 from draftsmith.serve.client import async_client, post_completion, served_model, server_version
@@ -122,44 +127,101 @@ def refusal_hint(detail: str, cfg) -> str:
     return ""
 
 
-async def _generate(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], bar) -> list[list[dict]]:
-    """Every prompt's records, `cfg.batch_size` requests in flight (each worker sends its next when one returns)."""
-    results: list[Optional[list[dict]]] = [None] * len(prompts)
-    todo = iter(range(len(prompts)))  # shared: each worker takes the next prompt
-    workers = max(1, min(cfg.batch_size, len(prompts)))
+async def _requests(url: str, bodies: list[dict], read: Callable[[int, dict], int], cfg, bar, what: str) -> None:
+    """POST every body to `url`'s /v1/completions, `cfg.batch_size` in flight (each worker sends its next when one
+    returns); `read(i, response)` takes body i's response and returns the tokens it made (the bar's rate)."""
+    todo = iter(range(len(bodies)))  # shared: each worker takes the next body
+    workers = max(1, min(cfg.batch_size, len(bodies)))
     started, n_tokens = time.perf_counter(), 0
     async with async_client(workers, cfg.vllm.request_timeout_s, what="data.engine=vllm") as client:
 
         async def worker():
             nonlocal n_tokens
             for i in todo:
-                body = request_body(model, prompts[i], cfg, eos, seed=cfg.seed + i)
-                response = await post_completion(client, url, body, what=f"prompt {i}",
+                response = await post_completion(client, url, bodies[i], what=f"{what} {i}",
                                                  refusal_hint=lambda detail: refusal_hint(detail, cfg),
                                                  timeout_key="data.vllm.request_timeout_s")
-                results[i] = records_of(response, prompts[i], cfg, eos)
-                n_tokens += sum(len(r["completion_ids"]) for r in results[i])
+                n_tokens += read(i, response)
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - started):.1f}")
 
         async with asyncio.TaskGroup() as group:  # one failure cancels the other workers
             for _ in range(workers):
                 group.create_task(worker())
-    return results
+
+
+def _run(url: str, bodies: list[dict], read: Callable[[int, dict], int], cfg, desc: str, unit: str) -> None:
+    bar = progress(total=len(bodies), desc=desc, unit=unit)
+    try:
+        asyncio.run(_requests(url, bodies, read, cfg, bar, what=unit))
+    except ExceptionGroup as group:  # TaskGroup: report the first worker's error as itself
+        raise group.exceptions[0] from None
+    finally:
+        bar.close()
 
 
 def generate_all(url: str, model: str, prompts: list[list[int]], cfg, eos: set[int], desc: str) -> list[dict]:
     """All completions for `prompts` from the vLLM server at `url`, rows in prompt order (as the HF engine's)."""
     if not prompts:
         return []
-    bar = progress(total=len(prompts), desc=desc, unit="prompt")
-    try:
-        results = asyncio.run(_generate(url, model, prompts, cfg, eos, bar))
-    except ExceptionGroup as group:  # TaskGroup: report the first worker's error as itself
-        raise group.exceptions[0] from None
-    finally:
-        bar.close()
+    results: list[Optional[list[dict]]] = [None] * len(prompts)
+
+    def read(i: int, response: dict) -> int:
+        results[i] = records_of(response, prompts[i], cfg, eos)
+        return sum(len(r["completion_ids"]) for r in results[i])
+
+    _run(url, [request_body(model, p, cfg, eos, seed=cfg.seed + i) for i, p in enumerate(prompts)], read, cfg, desc,
+         "prompt")
     return [{**rec, "prompt_index": i} for i, recs in enumerate(results) for rec in recs]
+
+
+# -- given responses: scored from the prompt log-probs ---------------------------------------------
+def score_body(model: str, prompt_ids: list[int], response_ids: list[int], k: int) -> dict:
+    """The ``/v1/completions`` body that scores a given response: prompt + response as the prompt, and
+    ``prompt_logprobs=k`` (the target's top-k log-probs at every prompt position, from one prefill); vLLM
+    generates at least one token, so one greedy token is asked for and ignored."""
+    return {"model": model, "prompt": list(prompt_ids) + list(response_ids), "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": k, "add_special_tokens": False, "skip_special_tokens": False}
+
+
+def scored_top_k(response: dict, n_prompt: int, n_response: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The top-`k` (ids, log-probs) at each of the `n_response` response positions of a scoring response
+    (:func:`score_body`): ``prompt_logprobs[i]`` is the distribution that predicts prompt token i, so response token j
+    is predicted at ``n_prompt + j``; each position's entries are the top k and the token itself (k or k + 1), keyed
+    by token id, the k largest kept, best first (as :func:`top_k_of`)."""
+    choices = response.get("choices") or []
+    positions = (choices[0].get("prompt_logprobs") if choices else None) or []
+    wanted = positions[n_prompt:n_prompt + n_response]
+    if len(positions) != n_prompt + n_response or any(not pos for pos in wanted):
+        raise VllmError(f"the vLLM server returned prompt log-probs for {len(positions)} of {n_prompt + n_response} "
+                        "prompt + response positions; data.responses=given on data.engine=vllm needs a vLLM that "
+                        "returns prompt_logprobs (0.32 does)")
+    ids, lps = [], []
+    for pos in wanted:
+        items = sorted(((float(v["logprob"] if isinstance(v, dict) else v), int(key)) for key, v in pos.items()),
+                       key=lambda x: -x[0])[:k]
+        ids.append([i for _, i in items])
+        lps.append([lp for lp, _ in items])
+    return ids, lps
+
+
+def score_all(url: str, model: str, rows: list[dict], cfg, desc: str) -> list[dict]:
+    """The target's top-k log-probs (``data.top_k_logprobs``) at every completion position of `rows` (given
+    responses as train/datagen.py ``given_rows`` makes them), from vLLM's prompt log-probs over prompt +
+    completion, one request per row, ``data.batch_size`` in flight; the rows are returned with ``topk_ids`` /
+    ``topk_logprobs`` set (nothing is asked of the server when data.top_k_logprobs is 0)."""
+    if not rows or not cfg.top_k_logprobs:
+        return rows
+
+    def read(i: int, response: dict) -> int:
+        row = rows[i]
+        row["topk_ids"], row["topk_logprobs"] = scored_top_k(response, len(row["prompt_ids"]),
+                                                             len(row["completion_ids"]), cfg.top_k_logprobs)
+        return len(row["completion_ids"])
+
+    _run(url, [score_body(model, r["prompt_ids"], r["completion_ids"], cfg.top_k_logprobs) for r in rows], read, cfg,
+         desc, "response")
+    return rows
 
 
 # -- the engine -------------------------------------------------------------------------------------
