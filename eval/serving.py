@@ -59,7 +59,7 @@ from draftsmith.eval.intervals import STRADDLES, UNKNOWN, format_ci, verdict
 from draftsmith.eval.load import run_load
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
-                                          decision_level, k_bands, make_cell, merge_passes, summarize,
+                                          contenders, decision_level, k_bands, make_cell, merge_passes, summarize,
                                           summary_lines)
 from draftsmith.eval.settings import ServingSettings, candidate_name
 
@@ -283,10 +283,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 scheduled["after_lives"] = now and now["schedule"]
 
         def decision_lives() -> None:
-            """serve.decision_servers: at the decision level, each draft's chosen cell — and every K its speedup is
-            indistinguishable from after the first passes, so that the choice between them is not taken on one
-            server life — measured on that many more server lives (a newly started plain and spec server each, one
-            pass), so that their intervals hold what changes from one server start to the next."""
+            """serve.decision_servers: at the decision level, each draft's chosen cell — and every K the choice could
+            go to on other measurements (serving_stats.contenders: indistinguishable after the first passes, or an
+            interval overlapping the fastest K's), so that the choice between them is not taken on one server life —
+            measured on that many more server lives (a newly started plain and spec server each, one pass), so that
+            their intervals hold what changes from one server start to the next."""
             nonlocal lives
             level = decision_concurrency()
             if level is None or not settings.decision_servers:
@@ -298,7 +299,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 chosen = choice.get("k") or choice.get("best_speedup_k")
                 if not chosen:
                     continue
-                tied = sorted({chosen, *choice.get("indistinguishable", [])})
+                tied = sorted({chosen, *contenders(mine)})
                 for i in range(settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
                     if len(tied) == 1:
                         new_life(name, chosen, level, f"{_slug(name)}-k{chosen}-life{i + 2}")

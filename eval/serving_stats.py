@@ -278,6 +278,25 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
     return out
 
 
+def contenders(cells: list[dict]) -> list[int]:
+    """The K among one draft's cells at one concurrency that its choice of K could go to on other measurements, sorted:
+    the chosen K and those indistinguishable from the best (best_k_per_concurrency), and every K whose own speedup
+    interval overlaps the fastest K's — a paired difference over the passes of one server life can tell apart two K
+    that the spread between lives would not (BENCHMARKS.md: the same K read 1.6x on one run and 2.0x on the next).
+    The decision lives measure them all, so that the choice between them is taken on the lives of each."""
+    here = [c for c in cells if c["k"] is not None and c["speedup"] is not None]
+    if not here:
+        return []
+    choice = best_k_per_concurrency(here)[0]
+    out = {choice["best_speedup_k"], *choice["indistinguishable"]}
+    lead = max(here, key=lambda c: (c["speedup"], -c["k"]))
+    lo, hi = lead.get("speedup_ci95") or (lead["speedup"], lead["speedup"])
+    if lead["speedup"] > 1.0:
+        out |= {c["k"] for c in here if c.get("speedup_ci95") and c["speedup"] > 1.0
+                and c["speedup_ci95"][1] >= lo and c["speedup_ci95"][0] <= hi}
+    return sorted(out)
+
+
 def decision_level(levels: list[int], requested: Optional[int]) -> tuple[int, Optional[str]]:
     """(the measured concurrency a promotion decides at, a note when it is not `requested`); `levels` sorted.
 

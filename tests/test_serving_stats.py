@@ -348,3 +348,19 @@ def test_a_difference_of_cells_on_three_lives_holds_the_lives_spread():
     assert choice["k"] == 2 and choice["indistinguishable"] == [2, 4]
     two_lives = _lives_cell(2, [1.7, 1.9, 2.1], ["x", "x", "y"])
     assert cell_difference_ci(k4, two_lives) == pytest.approx([0.1, 0.1])
+
+
+def test_contenders_are_the_k_whose_interval_overlaps_the_fastest():
+    """One server life can tell K=2 (1.6x) from K=4 (1.85x) apart on its passes while their intervals overlap: both
+    are contenders for the decision lives; a K whose interval lies wholly below the fastest's is not, nor one that
+    does not pay; with no K paying, only the chosen one."""
+    from draftsmith.eval.serving_stats import contenders
+
+    def cell(k, speedup, ci):
+        return {"draft": "trained", "k": k, "concurrency": 1, "speedup": speedup, "speedup_ci95": ci}
+
+    cells = [cell(2, 1.6, [1.34, 1.81]), cell(4, 1.85, [1.69, 1.99]), cell(6, 1.2, [1.1, 1.3]),
+             cell(8, 0.9, [0.8, 1.7])]
+    assert contenders(cells) == [2, 4]
+    assert contenders([cell(2, 0.8, [0.7, 0.9]), cell(4, 0.7, [0.6, 0.85])]) == [2]
+    assert contenders([]) == []
