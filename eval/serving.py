@@ -317,7 +317,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                     loads = raw[(name, kk)][0][("concurrency", level)][0]
                     lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
                                            "passes": len(loads), "chosen_before": kk == chosen,
-                                           "indistinguishable_before": tied})
+                                           "contenders": tied})
 
         def new_life(name: str, kk: int, level: int, label: str, plain: Optional[VllmServer] = None) -> bool:
             """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair (`plain`: a

@@ -248,7 +248,7 @@ def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
     assert by_level[2]["repeats"] == 4 and by_level[2]["speedup_ci95"] is not None
     assert serving["decision_servers"] == {"concurrency": 2, "servers": 2,
                                            "cells": [{"draft": "trained", "k": 2, "lives": 3, "passes": 4,
-                                                      "chosen_before": True, "indistinguishable_before": [2]}]}
+                                                      "chosen_before": True, "contenders": [2]}]}
     assert all_gone(tmp_path / "pids")
     with pytest.raises(Exception, match="serve.decision_servers must be an integer >= 0"):
         ServingSettings(decision_servers=-1)
@@ -266,6 +266,9 @@ def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(f
         return [{**entry, "k": 2, "best_speedup_k": 2, "indistinguishable": [2, 3]} for entry in real(cells)]
 
     monkeypatch.setattr(serving_mod, "best_k_per_concurrency", tied)
+    # the fake servers' timings decide nothing here: K=2 and K=3 are the contenders (serving_stats.contenders is
+    # tested on hand-made cells in tests/test_serving_stats.py)
+    monkeypatch.setattr(serving_mod, "contenders", lambda cells: [2, 3])
     settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=1)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
@@ -365,5 +368,5 @@ def test_decision_lives_beside_fresh_servers_count_every_server_pair(fake, tmp_p
                              decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
                              log=lambda *_: None)
     assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4,
-                                                     "chosen_before": True, "indistinguishable_before": [2]}]
+                                                     "chosen_before": True, "contenders": [2]}]
     assert len(set(serving["cells"][0]["timings"]["servers"])) == 4 and all_gone(tmp_path / "pids")
