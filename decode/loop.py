@@ -175,8 +175,8 @@ def speculative_generate(
         3. the target runs once over [x_n, d_1..d_k_r] -> k_r+1 distributions;
         4. verification keeps d_1..d_a and appends one target token (correction or bonus);
         5. both caches are cropped back to the accepted text; stop at the first EOS.
-    From round 2 on, the seconds of the draft steps, of the verification forward and of the whole round are
-    summed (``stats.draft_s``, ``verify_s``, ``rounds_s``): the costs c and c_v as the loop paid them
+    From round 2 on, rounds of the full K (not a short last block), the seconds of the draft steps, of the
+    verification forward and of the whole round are summed (``stats.draft_s``, ``verify_s``, ``rounds_s``): the costs c and c_v as the loop paid them
     (eval/metrics.py ``in_loop_costs``), beside the ones timed apart (decode/timing.py). Not on CUDA, where timing a
     phase needs a synchronisation that would stall the launch of the next one (``in_loop`` is then None).
     ``stats.rounds`` counts the verification forwards; ``target_forwards`` = 1 (prefill) + rounds;
@@ -243,7 +243,9 @@ def speculative_generate(
         dft.crop(n + n_acc)
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
-        if timed and stats.rounds > 1:  # the in-loop costs leave out round 1 (its first draft step: the prefill)
+        # the in-loop costs leave out round 1 (its first draft step: the prefill) and a short last block (fewer
+        # tokens to verify than K + 1: a cheaper verification than K's)
+        if timed and stats.rounds > 1 and k_r == k:
             stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, time.perf_counter() - round_start)
 
     stats.total_s = _clock(device) - start

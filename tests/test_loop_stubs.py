@@ -194,7 +194,9 @@ def test_stats_serialise():
 
 def test_the_rounds_after_the_first_are_timed_with_their_draft_steps(monkeypatch):
     """A fake clock advanced by each forward (draft: 1 per call, target: 10 per call): the in-loop costs sum
-    the draft steps and verification forwards of rounds 2.. exactly, and the rest of a round is bookkeeping."""
+    the draft steps and verification forwards of the full rounds after the first exactly (a short last block,
+    which verifies fewer tokens than K + 1, would make c_v look cheaper than K's), and the rest of a round is
+    bookkeeping."""
     clock = {"now": 0.0}
     target, draft = scripted(TARGET_SCRIPT, V), scripted(draft_script({5: 30}), V)
     for model, cost in ((target, 10.0), (draft, 1.0)):
@@ -208,7 +210,7 @@ def test_the_rounds_after_the_first_are_timed_with_their_draft_steps(monkeypatch
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["now"])
     out = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=11, backend="hf")
     s = out.stats
-    assert s.rounds == 3 and s.timed_rounds == 2  # round 1 (the draft's prefill) is left out
-    assert s.timed_draft_forwards == 3 + 2  # rounds 2 and 3 draft 3 and 2 tokens (the last block is short)
-    assert s.draft_s == 5.0 and s.verify_s == 20.0
+    assert s.rounds == 3 and s.timed_rounds == 1  # round 1 (the draft's prefill) and round 3 are left out:
+    assert s.drafted_per_position == [3, 3, 2]  # round 3 drafts 2 tokens (the last block is short)
+    assert s.timed_draft_forwards == 3 and s.draft_s == 3.0 and s.verify_s == 10.0
     assert s.rounds_s == s.draft_s + s.verify_s  # the fake clock moves only in forwards
