@@ -131,22 +131,60 @@ def _linear_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out[None]
 
 
-# (device, dtype, threads, the matrices' shapes, T) -> whether W @ x^T beats F.linear there, measured once
-_BLOCK_FORM: dict[tuple, bool] = {}
+def _linear_padded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a block of T > 1 tokens [1, T, in] -> [1, T, out], computed as W @ [x; 0]^T with T + 1 columns,
+    the first T kept: the block form of :func:`_linear_one`. MKL's kernel for a few columns runs some widths
+    faster than narrower ones: on SmolLM2's 211 matrices (session 12, BENCHMARKS.md "A 3-token block padded to 4
+    columns") three tokens took 49.4 ms as ``W @ x^T`` and 44.1 ms padded to four (four: 47.0 ms)."""
+    x = x[0]
+    out = torch.mm(weight, torch.cat((x, x.new_zeros(1, x.shape[1]))).T)[:, : x.shape[0]].T.contiguous()  # dense
+    if bias is not None:
+        out = out + bias
+    return out[None]
+
+
+# The products of a block of T tokens through a matrix (all F.linear up to float rounding): what MKL runs fastest
+# depends on the CPU and on T, so the lean forward measures it (fastest_form)
+LINEAR, WEIGHT_FIRST, PADDED = "F.linear", "weight-first", "padded"
+FORMS = (LINEAR, WEIGHT_FIRST, PADDED)
+
+
+def product(form: str, t: int):
+    """The function computing `form`'s product for a block of `t` tokens (for one token, the weight-first product
+    is the padded one: W @ [x; 0]^T)."""
+    if form == LINEAR:
+        return F.linear
+    if form not in FORMS:
+        raise ValueError(f"unknown block product {form!r}: one of {FORMS}")
+    if t == 1:
+        return _linear_one
+    return _linear_block if form == WEIGHT_FIRST else _linear_padded
+
+
+def candidate_forms(t: int) -> tuple[str, ...]:
+    """The forms worth timing for `t` tokens: one token has two (F.linear, W @ [x; 0]^T); a prefill-sized block
+    (> 16) is bound by arithmetic, where a zero column only adds work."""
+    if t == 1:
+        return LINEAR, PADDED
+    return (LINEAR, WEIGHT_FIRST) if t > 16 else FORMS
+
+
+# (device, dtype, threads, the matrices' shapes, T) -> the fastest form there, measured once
+_BLOCK_FORM: dict[tuple, str] = {}
 
 STREAMED_BYTES = 256 << 20  # the matrices timed for a small block: enough to stream from memory, as a forward does
 
 
-def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int = 5) -> bool:
-    """Whether `t` tokens through `weights` run faster as ``W @ x^T`` (:func:`_linear_block`; for one token
-    :func:`_linear_one`) than as ``F.linear``, timed once per process on this machine (medians of `repeats`
-    interleaved runs on random inputs) and remembered.
+def fastest_form(weights: list[torch.Tensor], t: int, repeats: int = 5) -> str:
+    """The fastest of :func:`candidate_forms` for `t` tokens through `weights`, timed once per process on this machine
+    (medians of `repeats` runs on random inputs, the forms' order rotated every run) and remembered.
 
     Which form MKL runs faster depends on the CPU and on T, not on anything draftsmith can read: on the host
     where :func:`_linear_block` was introduced W @ x^T was 2x faster at T=5; on another 2-core AVX-512 host
     (session 9, a 30-layer model's shapes) F.linear was 2x faster at T=2-3 (6.0 vs 14.5 ms, 5.6 vs 10.9 ms),
     equal-ish at 4-8, and W @ x^T 1.8x faster at T=16 (BENCHMARKS.md "A draft that pays on a real model"); on a
-    third (session 10) F.linear of one token ran on one of the two cores and W @ [x; 0]^T was 1.5x faster.
+    third (session 10) F.linear of one token ran on one of the two cores and W @ [x; 0]^T was 1.5x faster, and
+    (session 12) three tokens ran 11% faster padded to four columns.
     Pass the matrices a forward reads (the caller's :meth:`LeanModel._timed_weights`): timed on one layer's
     alone, they sit in the cache and the comparison is not the one a forward makes.
     """
@@ -156,18 +194,18 @@ def faster_as_weight_product(weights: list[torch.Tensor], t: int, repeats: int =
     key = (weights[0].device.type, weights[0].dtype, torch.get_num_threads(), tuple(w.shape for w in weights), size)
     if key not in _BLOCK_FORM:
         inputs = [torch.randn(1, size, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
-        times = {False: [], True: []}
-        product = _linear_one if size == 1 else _linear_block
+        forms = candidate_forms(size)
+        times: dict[str, list[float]] = {form: [] for form in forms}
         with torch.inference_mode():
             for r in range(repeats + 1):
-                for form in ((False, True) if r % 2 else (True, False)):
-                    f = product if form else F.linear
+                for form in forms[r % len(forms):] + forms[:r % len(forms)]:
+                    f = product(form, size)
                     started = time.perf_counter()
                     for x, w in zip(inputs, weights):
                         f(x, w)
-                    if r:  # the first round warms both up
+                    if r:  # the first round warms them up
                         times[form].append(time.perf_counter() - started)
-        _BLOCK_FORM[key] = sorted(times[True])[repeats // 2] < sorted(times[False])[repeats // 2]
+        _BLOCK_FORM[key] = min(forms, key=lambda form: sorted(times[form])[repeats // 2])
     return _BLOCK_FORM[key]
 
 
@@ -220,10 +258,10 @@ class LeanModel:
             weight, bias = self.head
             self.head = (weight[self.rows].contiguous(), None if bias is None else bias[self.rows].contiguous())
         self.rotary = inner.rotary_emb
-        # None (CPU) = per block size, the faster of W @ x^T (one token: W @ [x; 0]^T) and F.linear on this machine
-        # (faster_as_weight_product); True / False = always one; elsewhere exactly nn.Linear's product
-        self.block_as_weight_product = None if self.embed.device.type == "cpu" else False
-        self._forms: dict[tuple[str, int], bool] = {}  # (layer | head, T) -> the measured form, for this model
+        # None (CPU) = per block size, the fastest product form on this machine (fastest_form: F.linear, W @ x^T or
+        # W @ [x; 0]^T); one of FORMS = always that one; elsewhere exactly nn.Linear's product (LINEAR)
+        self.block_form: str | None = None if self.embed.device.type == "cpu" else LINEAR
+        self._forms: dict[tuple[str, int], str] = {}  # (layer | head, T) -> the measured form, for this model
         self.forwards = 0
         self.length = 0
         self.capacity = 0
@@ -249,22 +287,18 @@ class LeanModel:
 
     def _block_linear(self, t: int, where: str):
         """The product for `t` tokens through the decoder layers' matrices (`where` "layer") or the head ("head"):
-        as :attr:`block_as_weight_product` says (None: :func:`faster_as_weight_product` on this machine, looked
-        up once per block size; False: F.linear, nn.Linear's own product)."""
-        form = self.block_as_weight_product
-        if form is False:
-            return F.linear
+        as :attr:`block_form` says (None: :func:`fastest_form` on this machine, looked up once per block size;
+        :data:`LINEAR`: nn.Linear's own product)."""
+        form = self.block_form
         if form is None:
             key = (where, t)
             if key not in self._forms:
-                self._forms[key] = faster_as_weight_product(self._timed_weights(where, t), t)
+                self._forms[key] = fastest_form(self._timed_weights(where, t), t)
             form = self._forms[key]
-        if not form:
-            return F.linear
-        return _linear_one if t == 1 else _linear_block
+        return product(form, t)
 
     def _timed_weights(self, where: str, t: int) -> list[torch.Tensor]:
-        """The matrices :func:`faster_as_weight_product` times for a block of `t` tokens: the head, or the
+        """The matrices :func:`fastest_form` times for a block of `t` tokens: the head, or the
         layers' in forward order up to :data:`STREAMED_BYTES` (from memory, as in a forward; one layer's for
         prefill-sized blocks, whose products are bound by arithmetic, not by reading the weights)."""
         if where == "head":

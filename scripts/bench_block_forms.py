@@ -1,14 +1,15 @@
-"""The two product forms of the lean forward (decode/lean.py), side by side on one model's own matrices.
+"""The product forms of the lean forward (decode/lean.py), side by side on one model's own matrices.
 
     python scripts/bench_block_forms.py --model MODEL_DIR [--t 1 2 3 4 5 8 16] [--repeats 15]
 
 For each block size T: the model's decoder-layer matrices and its head, every one of them in forward order (as a
-forward streams them from memory), as ``F.linear`` (what nn.Linear does) and as the weight-first product
-(``W @ x^T``; one token: ``W @ [x; 0]^T``), interleaved (the order alternates per repeat), medians; then the
-lean forward of one token after a 200-token prefix with each form forced, and with the measured choice
-(what decoding uses). For T >= 2 also the weight-first product padded with a zero column to T + 1 columns
-("padded": whether an odd T runs faster at the next even width, as one token does at two). Prints JSON. Results
-agree to float rounding (checked: max |difference| per T).
+forward streams them from memory), as ``F.linear`` (what nn.Linear does), as the weight-first product
+(``W @ x^T``; one token: ``W @ [x; 0]^T``) and, for T >= 2, as the weight-first product padded with a zero column
+to T + 1 columns ("padded": whether an odd T runs faster at the next even width, as one token does at two),
+interleaved (the order alternates per repeat), medians; then the lean forward of one token after a 200-token
+prefix with each form forced, and with the measured choice (what decoding uses), and the same for a forward of
+each T >= 2 (a verification of T - 1 draft tokens). Prints JSON. Results agree to float rounding (checked: max
+|difference| per T).
 """
 import argparse
 import json
@@ -18,14 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decode.lean import LeanModel, _linear_block, _linear_one
+from draftsmith.decode.lean import LINEAR, PADDED, WEIGHT_FIRST, LeanModel, product
 from draftsmith.decode.pair import load_model
-
-
-def _padded(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """W @ [x; 0]^T with T + 1 columns, the first T kept: [1, T, in] -> [1, T, out]."""
-    x = x[0]
-    return torch.mm(weight, torch.cat((x, x.new_zeros(1, x.shape[1]))).T)[:, :x.shape[0]].T.contiguous()[None]
 
 
 def main() -> None:
@@ -44,9 +39,9 @@ def main() -> None:
     with torch.inference_mode():
         for t in args.t:
             inputs = [torch.randn(1, t, w.shape[1]) for w in weights]
-            forms = {"F.linear": F.linear, "weight-first": _linear_one if t == 1 else _linear_block}
+            forms = {LINEAR: F.linear, WEIGHT_FIRST: product(WEIGHT_FIRST, t)}
             if t > 1:
-                forms["padded"] = _padded
+                forms[PADDED] = product(PADDED, t)
             err = max((f(x, w) - F.linear(x, w)).abs().max().item() for f in forms.values()
                       for x, w in zip(inputs, weights))
             times = {name: [] for name in forms}
@@ -62,11 +57,11 @@ def main() -> None:
             out["products_ms"][str(t)] = {**med, "ratio": round(med["F.linear"] / med["weight-first"], 3),
                                           "max_abs_diff": err}
         prefix = torch.randint(0, lean.head[0].shape[0], (1, args.context), generator=torch.Generator().manual_seed(0))
-        forms = {"F.linear": False, "weight-first": True, "measured": None}
+        forms = {LINEAR: LINEAR, WEIGHT_FIRST: PADDED, "measured": None}  # one token: W @ [x; 0]^T
         times = {k: [] for k in forms}
         for r in range(args.repeats + 1):
             for name in (list(forms) if r % 2 else list(forms)[::-1]):
-                lean.block_as_weight_product = forms[name]
+                lean.block_form = forms[name]
                 lean.crop(0)
                 lean.forward(prefix, 1)
                 started = time.perf_counter()
@@ -74,6 +69,20 @@ def main() -> None:
                 if r:
                     times[name].append((time.perf_counter() - started) * 1e3)
         out["forward_one_token_ms"] = {k: round(statistics.median(v), 2) for k, v in times.items()}
+        out["forward_block_ms"] = {}
+        for t in (t for t in args.t if t > 1):  # a verification forward of t tokens after the prefix
+            forms = {LINEAR: LINEAR, WEIGHT_FIRST: WEIGHT_FIRST, PADDED: PADDED, "measured": None}
+            times = {k: [] for k in forms}
+            for r in range(args.repeats + 1):
+                for name in (list(forms) if r % 2 else list(forms)[::-1]):
+                    lean.block_form = forms[name]
+                    lean.crop(0)
+                    lean.forward(prefix, 1)
+                    started = time.perf_counter()
+                    lean.forward(prefix[:, :t], t)
+                    if r:
+                        times[name].append((time.perf_counter() - started) * 1e3)
+            out["forward_block_ms"][str(t)] = {k: round(statistics.median(v), 2) for k, v in times.items()}
         out["measured_choice"] = {f"{where}@{t}": form for (where, t), form in sorted(lean._forms.items())}
     print(json.dumps(out, indent=2))
 

@@ -1,4 +1,4 @@
-"""scripts/bench_block_forms.py on a tiny llama: both product forms timed on every matrix, equal to float rounding."""
+"""scripts/bench_block_forms.py on a tiny llama: every product form timed on every matrix, equal to float rounding."""
 
 import json
 import sys
@@ -24,4 +24,6 @@ def test_block_forms_bench_prints_both_forms(tmp_path, tokenizer, monkeypatch, c
         assert cell["F.linear"] > 0 and cell["weight-first"] > 0 and cell["max_abs_diff"] < 1e-5
     assert "padded" not in out["products_ms"]["1"] and out["products_ms"]["3"]["padded"] > 0
     assert set(out["forward_one_token_ms"]) == {"F.linear", "weight-first", "measured"}
+    assert set(out["forward_block_ms"]) == {"3"} and set(out["forward_block_ms"]["3"]) == {
+        "F.linear", "weight-first", "padded", "measured"}
     assert "layer@1" in out["measured_choice"] and "head@1" in out["measured_choice"]

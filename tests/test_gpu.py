@@ -31,7 +31,7 @@ def test_lean_logits_match_hf_logits_on_cuda():
     model = make_model("qwen2", seed=0).to("cuda")
     ids = torch.randint(4, 40, (1, 30), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     hf, lean = CachedModel(model), LeanModel(model, capacity=8)
-    assert not lean.block_as_weight_product
+    assert lean.block_form == "F.linear"  # nn.Linear's own product off CPU
     with torch.inference_mode():
         for a, b, keep in ((0, 9, 2), (9, 10, 1), (10, 15, 5), ("crop", 11, 0), (11, 30, 3)):
             if a == "crop":

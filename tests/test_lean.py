@@ -53,7 +53,7 @@ SCRIPT = [(0, 9, 2), (9, 10, 1), (10, 15, 5), ("crop", 12), (12, 13, 1), (13, 18
           (13, 30, 3), (30, 31, 1), ("crop", 29), (29, 34, 5)]
 
 
-@pytest.mark.parametrize("block_product", ["weight-first", "as-nn-linear", "measured"])
+@pytest.mark.parametrize("block_product", ["weight-first", "padded", "as-nn-linear", "measured"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lean_logits_equal_hf_logits(name, block_product):
     """Bitwise equal with nn.Linear's product for blocks (the non-CPU path); equal up to float
@@ -62,8 +62,9 @@ def test_lean_logits_equal_hf_logits(name, block_product):
     assert lean_unsupported(model) is None
     ids = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
     hf, lean = CachedModel(model), LeanModel(model, capacity=16)
-    assert lean.block_as_weight_product is None  # CPU default: the faster form per block size, measured
-    lean.block_as_weight_product = {"weight-first": True, "as-nn-linear": False, "measured": None}[block_product]
+    assert lean.block_form is None  # CPU default: the fastest form per block size, measured
+    lean.block_form = {"weight-first": "weight-first", "padded": "padded", "as-nn-linear": "F.linear",
+                       "measured": None}[block_product]
     with torch.inference_mode():
         for step in SCRIPT:
             if step[0] == "crop":
@@ -77,7 +78,7 @@ def test_lean_logits_equal_hf_logits(name, block_product):
             assert got.dtype == ref.dtype
             # float rounding: a block's keys/values feed the later steps too; bf16 rounds at 2^-8
             rounding = dict(rtol=2e-2, atol=2e-2) if ref.dtype == torch.bfloat16 else {}
-            tol = rounding if lean.block_as_weight_product is not False else dict(rtol=0, atol=0)
+            tol = rounding if lean.block_form != "F.linear" else dict(rtol=0, atol=0)
             torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{name} after {step}: {m}")
             assert len(lean) == len(hf) == b
     assert lean.capacity >= 34 and lean.forwards == hf.forwards == 8
@@ -88,24 +89,40 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
 
     monkeypatch.setattr(lean_module, "_BLOCK_FORM", {})
     weights = [torch.randn(48, 32), torch.randn(32, 48)]
-    first = lean_module.faster_as_weight_product(weights, 3)
-    assert isinstance(first, bool) and len(lean_module._BLOCK_FORM) == 1
-    lean_module._BLOCK_FORM[next(iter(lean_module._BLOCK_FORM))] = not first  # remembered, not re-timed
-    assert lean_module.faster_as_weight_product(weights, 3) is (not first)
-    lean_module.faster_as_weight_product(weights, 4)
+    first = lean_module.fastest_form(weights, 3)
+    assert first in lean_module.FORMS and len(lean_module._BLOCK_FORM) == 1
+    other = next(f for f in lean_module.FORMS if f != first)
+    lean_module._BLOCK_FORM[next(iter(lean_module._BLOCK_FORM))] = other  # remembered, not re-timed
+    assert lean_module.fastest_form(weights, 3) == other
+    assert lean_module.fastest_form(weights, 1) in ("F.linear", "padded")  # one token: two forms
     assert len(lean_module._BLOCK_FORM) == 2
-    for t in (33, 40, 64):  # longer blocks (prefills) share one timing per power of two
-        lean_module.faster_as_weight_product(weights, t)
+    for t in (33, 40, 64):  # longer blocks (prefills) share one timing per power of two, padding not a candidate
+        assert lean_module.fastest_form(weights, t) in ("F.linear", "weight-first")
     assert len(lean_module._BLOCK_FORM) == 3
     lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
-    for t, form in ((3, True), (4, False)):
-        monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n, f={3: True, 4: False}: f[n])
-        assert lean._block_linear(t, "layer") is (lean_module._linear_block if form else torch.nn.functional.linear)
-    monkeypatch.setattr(lean_module, "faster_as_weight_product", lambda w, n: n == 1)
-    lean._forms.clear()
+    chosen = {3: "padded", 4: "F.linear", 5: "weight-first", 1: "padded"}
+    monkeypatch.setattr(lean_module, "fastest_form", lambda w, n: chosen[n])
+    assert lean._block_linear(3, "layer") is lean_module._linear_padded
+    assert lean._block_linear(4, "layer") is torch.nn.functional.linear
+    assert lean._block_linear(5, "head") is lean_module._linear_block
     assert lean._block_linear(1, "layer") is lean_module._linear_one  # one token: W @ [x; 0]^T where measured faster
-    lean.block_as_weight_product = False
+    lean.block_form = "F.linear"
     assert lean._block_linear(1, "layer") is lean._block_linear(3, "head") is torch.nn.functional.linear
+    with pytest.raises(ValueError, match="unknown block product 'fast'"):
+        lean_module.product("fast", 3)
+
+
+def test_a_block_padded_with_a_zero_column_is_f_linear():
+    from draftsmith.decode.lean import _linear_padded
+
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 32), torch.randn(48)
+    for t in (2, 3, 5):
+        x = torch.randn(1, t, 32)
+        for bias in (None, b):
+            got = _linear_padded(x, w, bias)
+            assert got.shape == (1, t, 48) and got.is_contiguous()
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias))
 
 
 def test_one_token_as_a_two_column_product_is_f_linear():
