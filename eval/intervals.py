@@ -237,35 +237,15 @@ def lives_ratio_ci(a: list[list[list[Pair]]], b: list[list[list[Pair]]]) -> Inte
     return [math.exp(centre - half), math.exp(centre + half)]
 
 
-def paired_lives_ratio_ci(a: list[list[list[Pair]]], b: list[list[list[Pair]]]) -> Interval:
-    """The 95% interval of ratio(a) / ratio(b) for two cells measured on the *same* server lives: life i of `a` and
-    life i of `b` ran beside one plain server (two K of one draft, each life's spec servers in turn beside one newly
-    started plain server). A paired t-interval on the lives' differences of log ratios, exp'd:
-    exp(mean(d) +- t_{0.975, n-1} sd(d) / sqrt(n)), d_i = log ratio(a_i) - log ratio(b_i): what a start of the plain
-    server does to both ratios of its life cancels in d_i, where :func:`lives_ratio_ci` (no pairing) counts it twice.
-    A life with nothing timed on either side is left out; None with fewer than two lives left."""
-    if len(a) != len(b):
-        raise ValueError(f"paired lives: {len(a)} lives of one cell against {len(b)} of the other")
-    diffs = [x - y for x, y in zip(map(_life_log, a), map(_life_log, b)) if x is not None and y is not None]
-    if len(diffs) < 2:
-        return None
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = t975(n - 1) * sd / math.sqrt(n)
-    return [math.exp(mean - half), math.exp(mean + half)]
-
-
-def _life_log(life: list[list[Pair]]) -> Optional[float]:
-    """log(sum(plain) / sum(spec)) of one life (its passes pooled), or None when nothing was timed."""
-    num = sum(p for one in life for p, _ in one)
-    den = sum(s for one in life for _, s in one)
-    return math.log(num / den) if num > 0 and den > 0 else None
-
-
 def _life_logs(lives: list[list[list[Pair]]]) -> list[float]:
-    """:func:`_life_log` of each life; lives with nothing timed are left out."""
-    return [x for x in map(_life_log, lives) if x is not None]
+    """log(sum(plain) / sum(spec)) of each life (its passes pooled); lives with nothing timed are left out."""
+    out = []
+    for life in lives:
+        num = sum(p for one in life for p, _ in one)
+        den = sum(s for one in life for _, s in one)
+        if num > 0 and den > 0:
+            out.append(math.log(num / den))
+    return out
 
 
 def verdict(ci: Interval, bar: float) -> str:

@@ -25,8 +25,7 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
                 "mean_accepted_tokens", "vllm_counters", "outputs_equal", "compared", "mismatches",
                 "by", "first_mismatch", ["spec_equals_reference", "plain_equals_reference"],
                 "repeats", "speedup_ci95", "timings": {"plain_s", "spec_s"} ([pass][request] e2e seconds),
-                "servers" ([pass]: the server pair that ran it), "plain_servers" ([pass]: the plain server's start
-                beside which it ran: two K of one draft measured beside the same one are paired by it)}],
+                "servers" ([pass]: the server pair that ran it)}],
      "rate_cells": [the same, with "concurrency": null and "request_rate"],
      "boundary": {draft: {"per_k": [{"k", "status", "concurrency", "pays_up_to", "text"}],
                           "best_k": [best_k_per_concurrency's entries: "concurrency", "k" (0 = off), "speedup",
@@ -86,7 +85,7 @@ Runs = dict  # {level: (its passes [LoadResult], spec counters summed over them 
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool, log=print,
           baseline_url: Optional[str] = None, levels: Optional[Levels] = None, passes: Optional[int] = None,
           into: Optional[tuple[Runs, Runs]] = None, warmup: bool = True,
-          server: Optional[str] = None, plain_server: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
+          server: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
     """Warm the server(s) up, then run every load level ``serve.repeats`` times, pass by pass (every level once,
     then again, so that a slow spell spreads over the levels) -> {level: (passes, counters)}.
 
@@ -95,9 +94,7 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     beside it: -> (spec runs, plain runs); `url` must then be the speculative server. `levels` / `passes`: other
     levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
     `warmup` False: no warm-up requests (the servers already served); `server`: the label of this start of the
-    server(s), stamped on every pass (a cell's interval sees the spread between server lives); `plain_server`: the
-    label of the plain server's start, stamped on its passes instead (default `server`: two K measured beside the
-    same plain server are paired by it, eval/serving_stats.py shared_lives)."""
+    server(s), stamped on every pass (a cell's interval sees the spread between server lives)."""
     from draftsmith.serve.errors import VllmError
 
     sides = [(url, spec)] + ([(baseline_url, False)] if baseline_url else [])
@@ -117,7 +114,7 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
                 before = scrape_metrics(u) if is_spec else None
                 load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
                                 max_tokens=settings.max_tokens, **{kind: level}, **common)
-                load.server = server if is_spec else (plain_server or server)
+                load.server = server
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
@@ -227,7 +224,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 if plain_url is not None:
                     plain_ready()  # the plain server started beside the first spec server: up by now, or waited for
                     return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, server=f"{label}+plain",
-                                 plain_server="plain", log=log)
+                                 log=log)
                 return drive(srv.url, prompts, settings, spec=True, server=label, log=log), plain_runs
 
         def fresh_passes(name: str, path: str, kk: int):
@@ -238,7 +235,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 pair = server(f"plain-{label}"), server(label, path, kk)
                 with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
                     runs = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url, passes=1,
-                                 into=runs, server=label, plain_server=f"plain-{label}", log=log)
+                                 into=runs, server=label, log=log)
             return runs
 
         def main_cells(plain_url: Optional[str]):
@@ -329,12 +326,11 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
             measurements already taken are not lost)."""
             from draftsmith.serve.errors import VllmError
 
-            plain_log = plain.log_path.name if plain is not None else f"plain-{label}.log"
-
             def one_pass(srv: VllmServer, plain_srv: VllmServer):
                 return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
-                             levels=[("concurrency", level)], passes=1, into=raw[(name, kk)], server=label,
-                             plain_server=plain_log.removesuffix(".log"), log=log)
+                             levels=[("concurrency", level)], passes=1, into=raw[(name, kk)], server=label, log=log)
+
+            plain_log = plain.log_path.name if plain is not None else f"plain-{label}.log"
             try:
                 if plain is None:
                     with started_together(server(f"plain-{label}"), server(label, str(drafts[name]), kk)) as pair:
@@ -393,8 +389,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                         while more():
                             spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url,
                                                      levels=[("concurrency", level)], passes=1, into=raw[(name, kk)],
-                                                     warmup=taken == 0, server=f"{label}+plain", plain_server="plain",
-                                                     log=log)
+                                                     warmup=taken == 0, server=f"{label}+plain", log=log)
                             taken += 1
                             remeasured(name, kk, spec_runs, plain)
                 added["cells"].append({"draft": name, "k": kk, "added": taken,

@@ -32,8 +32,7 @@ from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
 from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, difference_ci, format_ci, lives_ci,  # noqa: F401
-                                      lives_ratio_ci, nested_ratio_ci, paired_lives_ratio_ci, ratio,
-                                      units_from_passes, verdict)
+                                      lives_ratio_ci, nested_ratio_ci, ratio, units_from_passes, verdict)
 from draftsmith.eval.load import LoadResult
 
 
@@ -160,47 +159,19 @@ def timed_lives(timings: dict) -> Optional[list[list[list[tuple[float, float]]]]
     return [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
 
 
-def shared_lives(a: dict, b: dict) -> Optional[tuple[list, list]]:
-    """Two cells' paired (plain, spec) latencies grouped by the plain server start their passes ran beside, for the
-    starts both cells ran beside (``timings["plain_servers"]``: two K of one draft, whose spec servers take their
-    turns beside one plain server per life) -> (a's lives, b's lives), life i of both beside the same plain server;
-    None unless there are at least MIN_LIVES such lives (or the timings do not say which plain server ran a pass)."""
-    ta, tb = a.get("timings") or {}, b.get("timings") or {}
-    pa, pb = ta.get("plain_servers") or [], tb.get("plain_servers") or []
-    if len(pa) != len(ta.get("spec_s", [])) or len(pb) != len(tb.get("spec_s", [])):
-        return None
-    common = [life for life in dict.fromkeys(pa) if life in set(pb)]
-    if len(common) < MIN_LIVES:
-        return None
-
-    def grouped(t: dict, plains: list) -> list:
-        passes = [[(p, s) for p, s in zip(plain, spec) if p is not None and s is not None]
-                  for plain, spec in zip(t["plain_s"], t["spec_s"])]
-        return [[one for one, at in zip(passes, plains) if at == life] for life in common]
-
-    return grouped(ta, pa), grouped(tb, pb)
-
-
 def cell_difference_ci(a: dict, b: dict) -> Optional[list[float]]:
     """The 95% interval of cell `a`'s speedup minus cell `b`'s (two K of one draft, or a candidate and its champion,
     served the same requests): the paired bootstrap over requests (eval/intervals.py difference_ci, each side's
     throughput / latency factor applied), and — when both cells ran on at least MIN_LIVES server lives — the wider
-    bound with the interval of their ratio across lives, taken to a difference at `b`'s speedup
-    (s_a - s_b = s_b (s_a / s_b - 1)), so that a difference is not declared on passes that share a server start.
-    The lives' interval is paired (paired_lives_ratio_ci) when the two cells ran beside the same plain server starts
-    in at least MIN_LIVES lives (:func:`shared_lives`: the start of a plain server moves both cells' speedups of its
-    life alike, and cancels), else Welch's over each cell's own lives (lives_ratio_ci).
+    bound with the interval of their ratio across lives (lives_ratio_ci, taken to a difference at `b`'s speedup:
+    s_a - s_b = s_b (s_a / s_b - 1)), so that a difference is not declared on passes that share a server start.
     None when the requests leave nothing to resample."""
     ua, ub = cell_units(a), cell_units(b)
     ci = difference_ci(ua, ub, scale_a=throughput_scale(a), scale_b=throughput_scale(b)) if ua and ub else None
     if ci is None:
         return None
-    shared = shared_lives(a, b)
-    if shared is not None:
-        rho = paired_lives_ratio_ci(*shared)
-    else:
-        la, lb = timed_lives(a["timings"]), timed_lives(b["timings"])
-        rho = lives_ratio_ci(la, lb) if la and lb else None
+    la, lb = timed_lives(a["timings"]), timed_lives(b["timings"])
+    rho = lives_ratio_ci(la, lb) if la and lb else None
     if rho is not None and b.get("speedup"):
         ci = [min(ci[0], b["speedup"] * (rho[0] - 1.0)), max(ci[1], b["speedup"] * (rho[1] - 1.0))]
     return ci
@@ -224,7 +195,6 @@ def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult],
     timings = {"plain_s": pass_latencies(plain_passes), "spec_s": pass_latencies(spec_passes)}
     if any(load.server for load in spec_passes):  # the server pair of each pass (its life)
         timings["servers"] = [load.server for load in spec_passes]
-        timings["plain_servers"] = [load.server for load in plain_passes]  # the plain server's start beside it
     speedup = _ratio(s["output_tokens_per_s"], p["output_tokens_per_s"])
     cell = {"draft": draft, "k": k, "concurrency": spec.concurrency, "request_rate": spec.request_rate,
             "spec": s, "plain": p, "repeats": len(spec_passes),

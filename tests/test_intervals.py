@@ -165,32 +165,3 @@ def test_lives_ratio_ci_by_hand():
     assert lo < 1.0 < hi  # two lives of b: too few to tell 2.0 from 1.6 apart
     assert lives_ratio_ci(lives([2.0, 2.0]), lives([1.6, 1.6])) == pytest.approx([1.25, 1.25])
     assert lives_ratio_ci(lives([1.8, 2.0, 2.2]), lives([1.6])) is None
-
-
-def test_paired_lives_ratio_ci_by_hand():
-    """Two cells on the same three lives (a: 1.8, 2.0, 2.2; b: 1.5, 1.65, 1.85 — each life moving both alike): a
-    paired t-interval on the lives' log differences d_i, exp(mean(d) +- t_{0.975,2} sd(d) / sqrt(3)); narrower than
-    Welch's on the same lives, which cannot see that the lives move together; a life missing on one side is left
-    out; unequal numbers of lives are an error."""
-    import math
-
-    from draftsmith.eval.intervals import lives_ratio_ci, paired_lives_ratio_ci, t975
-
-    def lives(speedups):
-        return [[[(s, 1.0)]] for s in speedups]
-
-    a, b = [1.8, 2.0, 2.2], [1.5, 1.65, 1.85]
-    d = [math.log(x / y) for x, y in zip(a, b)]
-    mean = sum(d) / 3
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
-    half = t975(2) * sd / math.sqrt(3)
-    lo, hi = paired_lives_ratio_ci(lives(a), lives(b))
-    assert lo == pytest.approx(math.exp(mean - half)) and hi == pytest.approx(math.exp(mean + half))
-    assert lo > 1.0  # told apart when paired ...
-    welch = lives_ratio_ci(lives(a), lives(b))
-    assert welch[0] < 1.0 < welch[1]  # ... not when each cell's lives are taken on their own
-    assert paired_lives_ratio_ci(lives([2.0, 2.2]), lives([1.6, 1.76])) == pytest.approx([1.25, 1.25])
-    assert paired_lives_ratio_ci(lives(a) + [[]], lives(b) + [[[(1.0, 1.0)]]]) == pytest.approx([lo, hi])
-    assert paired_lives_ratio_ci(lives([2.0]) + [[]], lives([1.6, 1.7])) is None
-    with pytest.raises(ValueError, match="3 lives of one cell against 2"):
-        paired_lives_ratio_ci(lives(a), lives(b[:2]))

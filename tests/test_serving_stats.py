@@ -317,13 +317,12 @@ def test_a_cells_interval_holds_the_spread_of_three_server_lives_or_more():
     assert speedup_interval(2.0, two) == speedup_interval(2.0, {k: v for k, v in two.items() if k != "servers"})
 
 
-def _lives_cell(k: int, speedups: list[float], servers: list[str] | None, plains: list[str] | None = None) -> dict:
-    """A concurrency-1 cell whose pass i ran on server life servers[i] (beside plain server plains[i]) at speedup
-    speedups[i] (8 identical requests a pass: the requests alone carry no spread)."""
+def _lives_cell(k: int, speedups: list[float], servers: list[str] | None) -> dict:
+    """A concurrency-1 cell whose pass i ran on server life servers[i] at speedup speedups[i] (8 identical
+    requests a pass: the requests alone carry no spread)."""
     timings = {"plain_s": [[s] * 8 for s in speedups], "spec_s": [[1.0] * 8 for _ in speedups]}
     if servers:
         timings["servers"] = servers
-        timings["plain_servers"] = plains or [f"plain-{s}" for s in servers]
     speedup = sum(speedups) / len(speedups)
     from draftsmith.eval.serving_stats import speedup_interval
 
@@ -349,28 +348,6 @@ def test_a_difference_of_cells_on_three_lives_holds_the_lives_spread():
     assert choice["k"] == 2 and choice["indistinguishable"] == [2, 4]
     two_lives = _lives_cell(2, [1.7, 1.9, 2.1], ["x", "x", "y"])
     assert cell_difference_ci(k4, two_lives) == pytest.approx([0.1, 0.1])
-
-
-def test_two_k_beside_the_same_plain_servers_are_compared_life_by_life():
-    """K=4 and K=2 took their turns beside one plain server per life, and each life moved both alike (K=4 1.8 / 2.0 /
-    2.2, K=2 1.7 / 1.9 / 2.1): life by life K=4 is ahead every time, so the paired interval of their difference
-    excludes 0 and K=4 is chosen; the same speedups beside plain servers of their own (nothing pairs the lives) are
-    indistinguishable (the test above). Lives paired on fewer than three plain servers fall back to Welch's."""
-    from draftsmith.eval.serving_stats import best_k_per_concurrency, cell_difference_ci, shared_lives
-
-    plains = ["plain", "plain-life2", "plain-life3"]
-    k4 = _lives_cell(4, [1.8, 2.0, 2.2], ["k4", "k4-life2", "k4-life3"], plains)
-    k2 = _lives_cell(2, [1.7, 1.9, 2.1], ["k2", "k2-life2", "k2-life3"], plains)
-    lives4, lives2 = shared_lives(k4, k2)
-    assert [len(life) for life in lives4] == [1, 1, 1] and lives2[1][0][0] == (1.9, 1.0)
-    lo, hi = cell_difference_ci(k4, k2)
-    assert 0.0 < lo < 0.1 < hi < 0.2
-    choice = best_k_per_concurrency([k2, k4])[0]
-    assert choice["k"] == 4 and choice["indistinguishable"] == [4]
-    apart = _lives_cell(2, [1.7, 1.9, 2.1], ["k2", "k2-life2", "k2-life3"], ["plain", "plain-x", "plain-y"])
-    assert shared_lives(k4, apart) is None
-    lo, hi = cell_difference_ci(k4, apart)
-    assert lo < 0.0 < hi
 
 
 def test_contenders_are_the_k_whose_interval_overlaps_the_fastest():
