@@ -270,22 +270,31 @@ def format_ci(value: Optional[float], ci: Interval, unit: str = "x", digits: int
 
 def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: int = 0,
              speeds: Optional[dict] = None, intervals: Optional[dict] = None, scales: Optional[dict] = None,
-             differences: Optional[Callable[[int, int], Interval]] = None) -> dict:
+             differences: Optional[Callable[[int, int], Interval]] = None, tie: str = "difference") -> dict:
     """The best K of one draft by a rule that does not follow the noise.
 
     `cells`: K -> the units of that K's cell (all measured on the same prompts). The *leader* is the K with
-    the highest point speedup. Another K is *indistinguishable* from it when the interval of their paired
-    difference (:func:`difference_ci`) contains 0 **and** its own interval gives the same verdict as the
-    leader's against every bar in `bars` (so a K that is merely too noisy to tell apart — "unsure" where the
-    leader clearly pays — does not qualify), and, when the leader pays (speedup > 1), its speedup is above 1 too.
-    A K whose difference cannot be estimated is not indistinguishable. The chosen K is the **smallest**
-    indistinguishable K (it costs the least draft compute, and at higher load the least wasted verification).
+    the highest point speedup. Another K is *indistinguishable* from it when (`tie`)
+
+    - ``"difference"`` (the batch-1 eval: every K decodes the same prompts in one process, interleaved, so two K
+      are compared prompt by prompt): the interval of their paired difference (:func:`difference_ci`) contains 0;
+    - ``"overlap"`` (the serving A/B: each K runs on its own server starts, whose effect on a cell is as large as
+      the gaps between K and does not pair between them, BENCHMARKS.md "Serving verdicts"): its own interval
+      overlaps the leader's — a K is passed over only when its whole interval lies below the fastest K's;
+
+    **and** its own interval gives a verdict at least as sure as the leader's against every bar in `bars` (above >
+    straddles or unknown > below: a K that is merely too noisy to tell apart — "unsure" where the leader clearly
+    pays — does not qualify, one that clearly pays where the leader is unsure does), and, when the leader pays
+    (speedup > 1), its speedup is above 1 too. A K whose difference (or own interval) cannot be
+    estimated is not indistinguishable. The chosen K is the **smallest** indistinguishable K (it costs the least
+    draft compute, and at higher load the least wasted verification).
     `speeds` / `intervals` / `scales` (K -> value): a serving cell's throughput speedup, its own interval and the
     factor from its latency ratio to it, in place of what the units give. `differences(a, b)`: the interval of K=a's
-    speedup minus K=b's, in place of :func:`difference_ci` on the units (a serving cell's also holds the spread
-    between server lives, eval/serving_stats.py cell_difference_ci).
+    speedup minus K=b's, in place of :func:`difference_ci` on the units.
     -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.
     """
+    if tie not in ("difference", "overlap"):
+        raise ValueError(f"choose_k: tie must be 'difference' or 'overlap', not {tie!r}")
     if not cells:
         raise ValueError("choose_k needs at least one K")
     speed = dict(speeds) if speeds else {k: ratio(u) for k, u in cells.items()}
@@ -297,15 +306,23 @@ def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: i
     for k in cells:
         if k == leader:
             continue
-        ci = (differences(leader, k) if differences is not None
-              else difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
-                                 scale_b=scale.get(k, 1.0)))
         own = own_ci[k]
-        same = all(verdict(own, bar) == verdict(lead_ci, bar) for bar in bars)
-        if ci is not None and ci[0] <= 0.0 and same and (speed[k] > 1.0 or speed[leader] <= 1.0):
+        if tie == "overlap":
+            close = own is not None and lead_ci is not None and own[1] >= lead_ci[0] and own[0] <= lead_ci[1]
+        else:
+            ci = (differences(leader, k) if differences is not None
+                  else difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
+                                     scale_b=scale.get(k, 1.0)))
+            close = ci is not None and ci[0] <= 0.0
+        sure = all(_SURENESS[verdict(own, bar)] >= _SURENESS[verdict(lead_ci, bar)] for bar in bars)
+        if close and sure and (speed[k] > 1.0 or speed[leader] <= 1.0):
             tied.append(k)
     tied.sort()
+    how = ("95% interval of the paired difference contains 0" if tie == "difference"
+           else "its 95% interval overlaps the best K's")
     return {"k": tied[0], "leader": leader, "indistinguishable": tied,
-            "rule": "the smallest K whose speedup is indistinguishable from the best K's (95% interval of the paired "
-                    "difference contains 0, same verdict against the bars)" if len(tied) > 1
-            else "the K with the highest speedup"}
+            "rule": f"the smallest K whose speedup is indistinguishable from the best K's ({how}, a verdict as sure "
+                    "against the bars)" if len(tied) > 1 else "the K with the highest speedup"}
+
+
+_SURENESS = {BELOW: 0, STRADDLES: 1, UNKNOWN: 1, ABOVE: 2}  # how sure a verdict is that the bar is cleared

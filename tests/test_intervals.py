@@ -109,6 +109,29 @@ def test_choose_k_takes_the_smallest_indistinguishable_k():
     assert choose_k({3: [[(2.0, 1.0)]]})["k"] == 3
 
 
+def test_choose_k_by_overlapping_intervals():
+    """tie="overlap" (serving cells): a K is tied with the leader when their own intervals overlap — even where the
+    paired difference would tell them apart — with a verdict as sure against every bar; a K whose interval is
+    unknown is not tied; a smaller K that clears a bar the leader only straddles is; an unknown tie is an error."""
+    units = {2: [[(1.42, 1.0)]] * 8, 4: [[(1.69, 1.0)]] * 8}  # identical requests: the paired difference is sure
+    assert choose_k(units)["k"] == 4
+    overlap = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.21, 1.62], 4: [1.52, 1.87]}, tie="overlap")
+    assert (overlap["k"], overlap["indistinguishable"]) == (2, [2, 4]) and "overlaps" in overlap["rule"]
+    apart = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.3, 1.5], 4: [1.52, 1.87]}, tie="overlap")
+    assert apart["k"] == 4
+    unknown = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: None, 4: [1.52, 1.87]}, tie="overlap")
+    assert unknown["k"] == 4
+    bars = (1.0, 1.1)
+    surer = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.2, 1.6], 4: [1.05, 2.3]}, bars=bars,
+                     tie="overlap")
+    assert surer["k"] == 2  # K=2 clears 1.1 where K=4 straddles it
+    less_sure = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.05, 1.8], 4: [1.2, 2.2]}, bars=bars,
+                         tie="overlap")
+    assert less_sure["k"] == 4  # K=2 straddles 1.1 where K=4 clears it
+    with pytest.raises(ValueError, match="tie must be"):
+        choose_k(units, tie="closest")
+
+
 def test_format_ci():
     assert format_ci(1.1, [1.02, 1.18]) == "1.10x [1.02, 1.18]"
     assert format_ci(1.1, None) == "1.10x"
