@@ -281,9 +281,9 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
 def contenders(cells: list[dict]) -> list[int]:
     """The K among one draft's cells at one concurrency that its choice of K could go to on other measurements, sorted:
     the chosen K and those indistinguishable from the best (best_k_per_concurrency), and every K whose own speedup
-    interval overlaps the fastest K's — a paired difference over the passes of one server life can tell apart two K
-    that the spread between lives would not (BENCHMARKS.md: the same K read 1.6x on one run and 2.0x on the next).
-    The decision lives measure them all, so that the choice between them is taken on the lives of each."""
+    interval overlaps the fastest K's whatever its verdict (the lives may make it as sure as the fastest's, or part
+    the two intervals). The decision lives measure them all, so that the choice between them is taken on the lives
+    of each (BENCHMARKS.md: the same K read 1.6x on one server life and 2.0x on the next)."""
     here = [c for c in cells if c["k"] is not None and c["speedup"] is not None]
     if not here:
         return []
