@@ -26,16 +26,17 @@ single pass only the requests, and the pass-to-pass noise is left out.
 
 A *verdict* compares an interval with a bar: ``above`` when the lower bound is at or above it,
 ``below`` when the upper bound is below it, else ``straddles`` (``unknown`` without an interval).
-Two cells measured on the same units (two K of one draft, a candidate and its champion) are compared
-by the interval of their *difference*, resampling the units jointly (the pairing by prompt removes
-the prompts' common spread); see :func:`difference_ci` and :func:`choose_k`.
+A candidate and its champion, measured on the same units, are compared by the interval of their *difference*,
+resampling the units jointly (the pairing by prompt removes the prompts' common spread): :func:`difference_ci`.
+The best K of a draft is chosen on the K's own intervals (:func:`choose_k`: the smallest K whose interval
+overlaps the fastest K's), a rule that does not follow the noise.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 Pair = tuple[float, float]  # (plain, spec) measured side by side
 Units = list[list[Pair]]  # [unit][repeat] -> (plain, spec)
@@ -269,37 +270,30 @@ def format_ci(value: Optional[float], ci: Interval, unit: str = "x", digits: int
 
 
 def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: int = 0,
-             speeds: Optional[dict] = None, intervals: Optional[dict] = None, scales: Optional[dict] = None,
-             differences: Optional[Callable[[int, int], Interval]] = None, tie: str = "difference") -> dict:
+             speeds: Optional[dict] = None, intervals: Optional[dict] = None) -> dict:
     """The best K of one draft by a rule that does not follow the noise.
 
     `cells`: K -> the units of that K's cell (all measured on the same prompts). The *leader* is the K with
-    the highest point speedup. Another K is *indistinguishable* from it when (`tie`)
+    the highest point speedup. Another K is *indistinguishable* from it when its own 95% interval overlaps the
+    leader's — a K is passed over only when its whole interval lies below the fastest K's — **and** its interval
+    gives a verdict at least as sure as the leader's against every bar in `bars` (above > straddles or unknown >
+    below: a K that is merely too noisy to tell apart — "unsure" where the leader clearly pays — does not qualify,
+    one that clearly pays where the leader is unsure does), and, when the leader pays (speedup > 1), its speedup is
+    above 1 too. A K without an interval is not indistinguishable. The chosen K is the **smallest**
+    indistinguishable K (it costs the least draft compute, and at higher load the least wasted verification).
 
-    - ``"difference"`` (the batch-1 eval: every K decodes the same prompts in one process, interleaved, so two K
-      are compared prompt by prompt): the interval of their paired difference (:func:`difference_ci`) contains 0;
-    - ``"overlap"`` (the serving A/B: each K runs on its own server starts, whose effect on a cell is as large as
-      the gaps between K and does not pair between them, BENCHMARKS.md "Serving verdicts"): its own interval
-      overlaps the leader's — a K is passed over only when its whole interval lies below the fastest K's;
-
-    **and** its own interval gives a verdict at least as sure as the leader's against every bar in `bars` (above >
-    straddles or unknown > below: a K that is merely too noisy to tell apart — "unsure" where the leader clearly
-    pays — does not qualify, one that clearly pays where the leader is unsure does), and, when the leader pays
-    (speedup > 1), its speedup is above 1 too. A K whose difference (or own interval) cannot be
-    estimated is not indistinguishable. The chosen K is the **smallest** indistinguishable K (it costs the least
-    draft compute, and at higher load the least wasted verification).
-    `speeds` / `intervals` / `scales` (K -> value): a serving cell's throughput speedup, its own interval and the
-    factor from its latency ratio to it, in place of what the units give. `differences(a, b)`: the interval of K=a's
-    speedup minus K=b's, in place of :func:`difference_ci` on the units.
+    Why the intervals' overlap and not the interval of the paired difference: the difference told K=4 from K=2
+    (~15-20% apart on the demo) about half the time, so the K chosen followed the noise — at batch 1 over three
+    evals of one draft K = 4, 2, 4, on vLLM K = 2, 4, 4, 2, 4 (BENCHMARKS.md "Serving verdicts"; there each K also
+    runs on server starts of its own, whose effect does not pair between K); with the overlap, K=2 every time.
+    `speeds` / `intervals` (K -> value): a serving cell's throughput speedup and its own interval, in place of what
+    the units give.
     -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.
     """
-    if tie not in ("difference", "overlap"):
-        raise ValueError(f"choose_k: tie must be 'difference' or 'overlap', not {tie!r}")
     if not cells:
         raise ValueError("choose_k needs at least one K")
     speed = dict(speeds) if speeds else {k: ratio(u) for k, u in cells.items()}
     own_ci = dict(intervals) if intervals is not None else {k: ratio_ci(u, seed=seed) for k, u in cells.items()}
-    scale = scales or {}
     leader = max(speed, key=lambda k: (speed[k], -k))
     lead_ci = own_ci[leader]
     tied = [leader]
@@ -307,22 +301,15 @@ def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: i
         if k == leader:
             continue
         own = own_ci[k]
-        if tie == "overlap":
-            close = own is not None and lead_ci is not None and own[1] >= lead_ci[0] and own[0] <= lead_ci[1]
-        else:
-            ci = (differences(leader, k) if differences is not None
-                  else difference_ci(cells[leader], cells[k], seed=seed, scale_a=scale.get(leader, 1.0),
-                                     scale_b=scale.get(k, 1.0)))
-            close = ci is not None and ci[0] <= 0.0
+        close = own is not None and lead_ci is not None and own[1] >= lead_ci[0] and own[0] <= lead_ci[1]
         sure = all(_SURENESS[verdict(own, bar)] >= _SURENESS[verdict(lead_ci, bar)] for bar in bars)
         if close and sure and (speed[k] > 1.0 or speed[leader] <= 1.0):
             tied.append(k)
     tied.sort()
-    how = ("95% interval of the paired difference contains 0" if tie == "difference"
-           else "its 95% interval overlaps the best K's")
     return {"k": tied[0], "leader": leader, "indistinguishable": tied,
-            "rule": f"the smallest K whose speedup is indistinguishable from the best K's ({how}, a verdict as sure "
-                    "against the bars)" if len(tied) > 1 else "the K with the highest speedup"}
+            "rule": "the smallest K whose speedup is indistinguishable from the best K's (its 95% interval overlaps "
+                    "the best K's, a verdict as sure against the bars)" if len(tied) > 1
+            else "the K with the highest speedup"}
 
 
 _SURENESS = {BELOW: 0, STRADDLES: 1, UNKNOWN: 1, ABOVE: 2}  # how sure a verdict is that the bar is cleared

@@ -244,9 +244,8 @@ def cell_units(cell: dict):
 
 def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
     """Per concurrency level, the K to serve among `cells` (one draft's closed-loop cells): the smallest K whose
-    speedup is indistinguishable from the fastest K's (eval/intervals.py choose_k with ``tie="overlap"``: its
-    interval overlaps the fastest K's, with a verdict against 1 as sure — each K runs on server starts of its own,
-    whose spread does not pair between K; without intervals, the fastest K, ties to the smaller), or K = 0
+    speedup is indistinguishable from the fastest K's (eval/intervals.py choose_k: its interval overlaps the
+    fastest K's, with a verdict against 1 as sure; without intervals, the fastest K, ties to the smaller), or K = 0
     (speculation off) when that K does not gain (speedup <= 1).
     -> [{"concurrency", "k", "speedup" (1.0 for "off"), "speedup_ci95" (None for "off"), "indistinguishable" (K),
     "pays": "yes" (interval above 1) | "no" (below) | "unsure" (it straddles 1), "best_speedup",
@@ -261,7 +260,7 @@ def best_k_per_concurrency(cells: list[dict]) -> list[dict]:
         units = {k: cell_units(c) for k, c in here.items()}
         if all(units.values()):
             choice = choose_k(units, speeds={k: c["speedup"] for k, c in here.items()},
-                              intervals={k: c.get("speedup_ci95") for k, c in here.items()}, tie="overlap")
+                              intervals={k: c.get("speedup_ci95") for k, c in here.items()})
         else:  # cells written before intervals: the fastest K
             k = max(here.values(), key=lambda c: (c["speedup"], -c["k"]))["k"]
             choice = {"k": k, "indistinguishable": [k]}

@@ -97,7 +97,7 @@ def test_a_k_too_noisy_to_tell_apart_is_not_chosen_over_one_that_clearly_pays():
     assert choose_k({**steady, 2: close})["k"] == 2
 
 
-def test_choose_k_takes_the_smallest_indistinguishable_k():
+def test_choose_k_takes_the_smallest_k_whose_interval_overlaps_the_fastest():
     clear = {2: noisy_units(1.3, 8, 2, 0.05, seed=1), 4: noisy_units(1.8, 8, 2, 0.05, seed=2)}
     choice = choose_k(clear)
     assert (choice["k"], choice["leader"], choice["indistinguishable"]) == (4, 4, [4])
@@ -105,31 +105,25 @@ def test_choose_k_takes_the_smallest_indistinguishable_k():
              6: noisy_units(0.9, 8, 1, 0.02, seed=3)}
     choice = choose_k(close)
     assert choice["k"] == 2 and 6 not in choice["indistinguishable"] and choice["indistinguishable"][0] == 2
-    assert "smallest" in choice["rule"]
+    assert "smallest" in choice["rule"] and "overlaps" in choice["rule"]
     assert choose_k({3: [[(2.0, 1.0)]]})["k"] == 3
 
 
-def test_choose_k_by_overlapping_intervals():
-    """tie="overlap" (serving cells): a K is tied with the leader when their own intervals overlap — even where the
-    paired difference would tell them apart — with a verdict as sure against every bar; a K whose interval is
-    unknown is not tied; a smaller K that clears a bar the leader only straddles is; an unknown tie is an error."""
-    units = {2: [[(1.42, 1.0)]] * 8, 4: [[(1.69, 1.0)]] * 8}  # identical requests: the paired difference is sure
+def test_choose_k_on_given_speedups_and_intervals():
+    """Serving cells give their own throughput speedups and intervals: K=2 1.42x [1.21, 1.62] against K=4 1.69x
+    [1.52, 1.87] (session 13's first demo on vLLM) are tied and K=2 is taken — though identical requests would make
+    their paired difference sure; parted intervals are not tied; a K without an interval is not; a smaller K that
+    clears a bar the leader only straddles is, one that straddles a bar the leader clears is not."""
+    units = {2: [[(1.42, 1.0)]] * 8, 4: [[(1.69, 1.0)]] * 8}  # identical requests: zero-width intervals
     assert choose_k(units)["k"] == 4
-    overlap = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.21, 1.62], 4: [1.52, 1.87]}, tie="overlap")
-    assert (overlap["k"], overlap["indistinguishable"]) == (2, [2, 4]) and "overlaps" in overlap["rule"]
-    apart = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.3, 1.5], 4: [1.52, 1.87]}, tie="overlap")
-    assert apart["k"] == 4
-    unknown = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: None, 4: [1.52, 1.87]}, tie="overlap")
-    assert unknown["k"] == 4
+    speeds = {2: 1.42, 4: 1.69}
+    tied = choose_k(units, speeds=speeds, intervals={2: [1.21, 1.62], 4: [1.52, 1.87]})
+    assert (tied["k"], tied["indistinguishable"]) == (2, [2, 4])
+    assert choose_k(units, speeds=speeds, intervals={2: [1.3, 1.5], 4: [1.52, 1.87]})["k"] == 4
+    assert choose_k(units, speeds=speeds, intervals={2: None, 4: [1.52, 1.87]})["k"] == 4
     bars = (1.0, 1.1)
-    surer = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.2, 1.6], 4: [1.05, 2.3]}, bars=bars,
-                     tie="overlap")
-    assert surer["k"] == 2  # K=2 clears 1.1 where K=4 straddles it
-    less_sure = choose_k(units, speeds={2: 1.42, 4: 1.69}, intervals={2: [1.05, 1.8], 4: [1.2, 2.2]}, bars=bars,
-                         tie="overlap")
-    assert less_sure["k"] == 4  # K=2 straddles 1.1 where K=4 clears it
-    with pytest.raises(ValueError, match="tie must be"):
-        choose_k(units, tie="closest")
+    assert choose_k(units, speeds=speeds, intervals={2: [1.2, 1.6], 4: [1.05, 2.3]}, bars=bars)["k"] == 2
+    assert choose_k(units, speeds=speeds, intervals={2: [1.05, 1.8], 4: [1.2, 2.2]}, bars=bars)["k"] == 4
 
 
 def test_format_ci():
