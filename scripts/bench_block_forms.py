@@ -23,6 +23,22 @@ from draftsmith.decode.lean import LINEAR, PADDED, WEIGHT_FIRST, LeanModel, prod
 from draftsmith.decode.pair import load_model
 
 
+def _forward_ms(lean: LeanModel, prefix: torch.Tensor, forms: dict, t: int, repeats: int) -> dict:
+    """Median ms of a `t`-token forward after `prefix` with each of `forms` (name -> LeanModel.block_form) forced,
+    interleaved (the order alternates per repeat; the first round warms up)."""
+    times = {k: [] for k in forms}
+    for r in range(repeats + 1):
+        for name in (list(forms) if r % 2 else list(forms)[::-1]):
+            lean.block_form = forms[name]
+            lean.crop(0)
+            lean.forward(prefix, 1)
+            started = time.perf_counter()
+            lean.forward(prefix[:, :t], t)
+            if r:
+                times[name].append((time.perf_counter() - started) * 1e3)
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a Llama-family model dir (e.g. the preset's float32 target)")
@@ -57,32 +73,11 @@ def main() -> None:
             out["products_ms"][str(t)] = {**med, "ratio": round(med["F.linear"] / med["weight-first"], 3),
                                           "max_abs_diff": err}
         prefix = torch.randint(0, lean.head[0].shape[0], (1, args.context), generator=torch.Generator().manual_seed(0))
-        forms = {LINEAR: LINEAR, WEIGHT_FIRST: PADDED, "measured": None}  # one token: W @ [x; 0]^T
-        times = {k: [] for k in forms}
-        for r in range(args.repeats + 1):
-            for name in (list(forms) if r % 2 else list(forms)[::-1]):
-                lean.block_form = forms[name]
-                lean.crop(0)
-                lean.forward(prefix, 1)
-                started = time.perf_counter()
-                lean.forward(prefix[:, :1], 1)
-                if r:
-                    times[name].append((time.perf_counter() - started) * 1e3)
-        out["forward_one_token_ms"] = {k: round(statistics.median(v), 2) for k, v in times.items()}
-        out["forward_block_ms"] = {}
-        for t in (t for t in args.t if t > 1):  # a verification forward of t tokens after the prefix
-            forms = {LINEAR: LINEAR, WEIGHT_FIRST: WEIGHT_FIRST, PADDED: PADDED, "measured": None}
-            times = {k: [] for k in forms}
-            for r in range(args.repeats + 1):
-                for name in (list(forms) if r % 2 else list(forms)[::-1]):
-                    lean.block_form = forms[name]
-                    lean.crop(0)
-                    lean.forward(prefix, 1)
-                    started = time.perf_counter()
-                    lean.forward(prefix[:, :t], t)
-                    if r:
-                        times[name].append((time.perf_counter() - started) * 1e3)
-            out["forward_block_ms"][str(t)] = {k: round(statistics.median(v), 2) for k, v in times.items()}
+        one = {LINEAR: LINEAR, WEIGHT_FIRST: PADDED, "measured": None}  # one token: W @ [x; 0]^T
+        out["forward_one_token_ms"] = _forward_ms(lean, prefix, one, 1, args.repeats)
+        block = {LINEAR: LINEAR, WEIGHT_FIRST: WEIGHT_FIRST, PADDED: PADDED, "measured": None}
+        out["forward_block_ms"] = {str(t): _forward_ms(lean, prefix, block, t, args.repeats)
+                                   for t in args.t if t > 1}  # a verification forward of t tokens after the prefix
         out["measured_choice"] = {f"{where}@{t}": form for (where, t), form in sorted(lean._forms.items())}
     print(json.dumps(out, indent=2))
 
