@@ -64,7 +64,8 @@ from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_differen
 from draftsmith.eval.settings import ServingSettings, candidate_name
 
 SCHEMA_VERSION = 1
-TWO_SERVERS_GPU_SHARE = 0.45  # serve.interleave on a GPU without serve.gpu_memory_utilization: each server's share
+SERVERS_GPU_SHARE = 0.9  # serve.interleave on a GPU without serve.gpu_memory_utilization: what the servers up at
+# once share equally (two: 0.45 each)
 Levels = list[tuple[str, float]]  # ("concurrency", 4) | ("request_rate", 2.0)
 
 
@@ -95,38 +96,86 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
     `warmup` False: no warm-up requests (the servers already served); `server`: the label of this start of the
     server(s), stamped on every pass (a cell's interval sees the spread between server lives)."""
+    if baseline_url is None:
+        return _drive([(url, spec, server)], prompts, settings, log=log, levels=levels, passes=passes,
+                      into={url: into[0]} if into is not None else None, warmup=warmup)[url]
+    [runs] = drive_together([url], baseline_url, prompts, settings, log=log, levels=levels, passes=passes,
+                            into=[into] if into is not None else None, warmup=warmup, servers=[server])
+    return runs
+
+
+def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]], settings: ServingSettings, *,
+                   log=print, levels: Optional[Levels] = None, passes: Optional[int] = None,
+                   into: Optional[list[tuple[Runs, Runs]]] = None, warmup: bool = True,
+                   servers: Optional[list[Optional[str]]] = None) -> list[tuple[Runs, Runs]]:
+    """:func:`drive` for several speculative servers (`urls`: one draft x K each) up beside one plain server: every
+    pass of a level runs the plain server once and each speculative one, back to back, the order rotated by pass
+    and level (so that none always runs first or last), and the plain pass is the one every speculative pass of
+    that round is compared with -> [(spec runs, plain runs)] per url. `into`: per url, the (spec, plain) runs to
+    add these passes to; `servers`: per url, the label stamped on its passes (its server life)."""
+    labels = servers or [None] * len(urls)
+    sides = [(u, True, lab) for u, lab in zip(urls, labels)] + [(baseline_url, False, labels[0] if len(urls) == 1
+                                                                 else None)]
+    before = None
+    if into is not None:  # the passes already taken: the plain side's are the first url's (rotation follows them)
+        before = {**{u: runs[0] for u, runs in zip(urls, into)}, baseline_url: into[0][1]}
+    new = _drive(sides, prompts, settings, log=log, levels=levels, passes=passes, into=before, warmup=warmup,
+                 keep=False)
+    plain_new = new[baseline_url]
+    out = []
+    for i, u in enumerate(urls):
+        spec_old, plain_old = into[i] if into is not None else ({}, {})
+        out.append((_merged(spec_old, new[u]), _merged(plain_old, plain_new)))
+    return out
+
+
+def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]], settings: ServingSettings, *,
+           log=print, levels: Optional[Levels] = None, passes: Optional[int] = None, into: Optional[dict] = None,
+           warmup: bool = True, keep: bool = True) -> dict[str, Runs]:
+    """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
+    side once, the order rotated by (pass + level). `into` {url: runs}: passes already taken (counted for the
+    rotation; with `keep` the new passes are added to them, else only the new passes are returned)."""
     from draftsmith.serve.errors import VllmError
 
-    sides = [(url, spec)] + ([(baseline_url, False)] if baseline_url else [])
-    models = {u: served_model(u, key="serve.baseline_url" if u == baseline_url else "serve.url") for u, _ in sides}
+    models = {u: served_model(u, key="serve.url" if is_spec else "serve.baseline_url") for u, is_spec, _ in sides}
     common = dict(ignore_eos=settings.ignore_eos, timeout_s=settings.request_timeout_s, seed=settings.seed)
     if settings.warmup and warmup:
-        for u, _ in sides:
+        for u, _, _ in sides:
             run_load(u, models[u], prompts, num_requests=settings.warmup, max_tokens=min(8, settings.max_tokens),
                      concurrency=1, **common)
-    out: dict[str, dict] = {u: {} for u, _ in sides}
-    if into is not None:
-        out = {url: dict(into[0]), **({baseline_url: dict(into[1])} if baseline_url else {})}
-    done = max((len(loads) for loads, _ in out[url].values()), default=0)  # passes already taken: order rotation
+    first = sides[0][0]
+    done = max((len(loads) for loads, _ in (into or {}).get(first, {}).values()), default=0)  # for the rotation
+    out: dict[str, Runs] = {u: dict((into or {}).get(u, {})) if keep else {} for u, _, _ in sides}
+    n = len(sides)
     for r in range(done, done + (settings.repeats if passes is None else passes)):
         for j, (kind, level) in enumerate(levels or levels_of(settings)):
-            for u, is_spec in (sides if (r + j) % 2 == 0 else sides[::-1]):
+            shift = (r + j) % n
+            for u, is_spec, label in sides[shift:] + sides[:shift]:
                 before = scrape_metrics(u) if is_spec else None
                 load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
                                 max_tokens=settings.max_tokens, **{kind: level}, **common)
-                load.server = server
+                load.server = label
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
                     if not counters.drafts:
                         raise VllmError(f"{u} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total "
                                         "did not move): is speculation on at that server?")
-                loads, total = out[u].get((kind, level), ([], None))
-                out[u][(kind, level)] = (loads + [load], counters if total is None else _summed(total, counters))
+                out[u] = _merged(out[u], {(kind, level): ([load], counters)})
                 log(f"draftsmith: serving: {'spec ' if is_spec else 'plain'} {kind}={level:g}"
                     + (f" (pass {r + 1})" if r or settings.repeats > 1 else "")
                     + f": {sum(q.output_tokens for q in load.requests) / load.wall_s:.1f} output tokens/s")
-    return (out[url], out[baseline_url]) if baseline_url else out[url]
+    return out
+
+
+def _merged(runs: Runs, more: Runs) -> Runs:
+    """`runs` with the passes of `more` added, level by level (their spec counters summed)."""
+    out = dict(runs)
+    for level, (loads, counters) in more.items():
+        old, total = out.get(level, ([], None))
+        out[level] = (old + loads, counters if total is None else total if counters is None
+                      else _summed(total, counters))
+    return out
 
 
 def _summed(a: SpecCounters, b: SpecCounters) -> SpecCounters:
@@ -135,6 +184,20 @@ def _summed(a: SpecCounters, b: SpecCounters) -> SpecCounters:
                  for i in sorted(a.accepted_per_pos.keys() | b.accepted_per_pos.keys())}
     return SpecCounters(drafts=a.drafts + b.drafts, draft_tokens=a.draft_tokens + b.draft_tokens,
                         accepted_tokens=a.accepted_tokens + b.accepted_tokens, accepted_per_pos=positions)
+
+
+def k_at_once(settings: ServingSettings, device: str, n_k: int) -> int:
+    """How many spec servers run at once beside the plain one (serve.k_at_once; None: all `n_k` on the CPU, one on a
+    GPU), no more than serve.gpu_memory_utilization lets fit beside the plain server when it is set."""
+    n = settings.k_at_once or (max(n_k, 1) if device == "cpu" else 1)
+    if settings.gpu_memory_utilization:
+        n = min(n, max(1, int(1.0 / settings.gpu_memory_utilization + 1e-9) - 1))
+    return n
+
+
+def chunked(items: list, size: int) -> list[list]:
+    """`items` in consecutive groups of at most `size`."""
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
 def _slug(text: str) -> str:
@@ -200,9 +263,10 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         engine = {"version": info.get("version"), "device": info.get("device")}
 
         device = info.get("device") or "cpu"
+        at_once = k_at_once(settings, device, len(k))
         memory = settings
-        if settings.interleave and device != "cpu" and settings.gpu_memory_utilization is None:
-            memory = dataclasses.replace(settings, gpu_memory_utilization=TWO_SERVERS_GPU_SHARE)  # both fit
+        if settings.interleave and device != "cpu" and settings.gpu_memory_utilization is None:  # all of them fit
+            memory = dataclasses.replace(settings, gpu_memory_utilization=round(SERVERS_GPU_SHARE / (1 + at_once), 3))
 
         def server(name: str, draft: Optional[str] = None, kk: Optional[int] = None,
                    schedule: Optional[list[list[int]]] = None) -> VllmServer:
@@ -227,6 +291,15 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                  log=log)
                 return drive(srv.url, prompts, settings, spec=True, server=label, log=log), plain_runs
 
+        def measure_together(name: str, draft: str, group: list[int], plain_url: str):
+            """The spec servers of `group` (K of one draft) started together and driven beside the plain server:
+            [(spec runs, plain runs)] per K."""
+            labels = [f"{_slug(name)}-k{kk}" for kk in group]
+            with started_together(*[server(label, draft, kk) for label, kk in zip(labels, group)]) as servers:
+                plain_ready()  # the plain server started beside the first spec servers: up by now, or waited for
+                return drive_together([srv.url for srv in servers], plain_url, prompts, settings, log=log,
+                                      servers=[f"{label}+plain" for label in labels])
+
         def fresh_passes(name: str, path: str, kk: int):
             """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
             runs: tuple = ({}, {})
@@ -241,9 +314,13 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         def main_cells(plain_url: Optional[str]):
             nonlocal cells
             for name, path in drafts.items():
-                for kk in k:
-                    spec_runs, plain = (fresh_passes(name, str(path), kk) if settings.fresh_servers
-                                        else measure(name, str(path), kk, plain_url=plain_url))
+                if settings.fresh_servers or plain_url is None:
+                    runs = [fresh_passes(name, str(path), kk) if settings.fresh_servers
+                            else measure(name, str(path), kk) for kk in k]
+                else:  # serve.k_at_once spec servers up at once beside the plain one
+                    runs = [r for group in chunked(k, at_once)
+                            for r in measure_together(name, str(path), group, plain_url)]
+                for kk, (spec_runs, plain) in zip(k, runs):
                     raw[(name, kk)] = (spec_runs, plain)
                     cells += _cells(name, kk, spec_runs, plain, reference)
 
@@ -302,15 +379,16 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                 tied = sorted({chosen, *contenders(mine)})
                 for i in range(settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
                     if len(tied) == 1:
-                        new_life(name, chosen, level, f"{_slug(name)}-k{chosen}-life{i + 2}")
+                        new_life(name, [chosen], level, [f"{_slug(name)}-k{chosen}-life{i + 2}"])
                         continue
-                    # one new plain server per life, beside a new spec server for each K in turn (the first starts
-                    # with it): at most two servers up, one server start fewer per K after the first
+                    # one new plain server per life, beside new spec servers for the K (serve.k_at_once of them at
+                    # once; the first ones start with it): one server start fewer per K after the first
                     plain_srv = server(f"plain-{_slug(name)}-life{i + 2}")
                     plain_srv.start()
                     try:
-                        for kk in tied:
-                            new_life(name, kk, level, f"{_slug(name)}-k{kk}-life{i + 2}", plain=plain_srv)
+                        for group in chunked(tied, at_once):
+                            new_life(name, group, level, [f"{_slug(name)}-k{kk}-life{i + 2}" for kk in group],
+                                     plain=plain_srv)
                     finally:
                         plain_srv.stop()
                 for kk in tied:
@@ -319,33 +397,39 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                            "passes": len(loads), "chosen_before": kk == chosen,
                                            "contenders": tied})
 
-        def new_life(name: str, kk: int, level: int, label: str, plain: Optional[VllmServer] = None) -> bool:
-            """One pass of the cell (name, kk) at `level` on a newly started plain and spec server pair (`plain`: a
-            plain server of this life already started, beside which only the spec server starts); False when they
-            would not start or serve (said in serving.json's warnings: the cell keeps the lives it has, and the
+        def new_life(name: str, group: list[int], level: int, labels: list[str],
+                     plain: Optional[VllmServer] = None) -> bool:
+            """One pass of the cells (name, K) for K in `group` at `level` on newly started servers: a plain server and
+            one spec server per K (`labels`: theirs), the spec passes in turn beside one plain pass (`plain`: a plain
+            server of this life already started, beside which only the spec servers start); False when they would
+            not start or serve (said in serving.json's warnings: the cells keep the lives they have, and the
             measurements already taken are not lost)."""
             from draftsmith.serve.errors import VllmError
 
-            def one_pass(srv: VllmServer, plain_srv: VllmServer):
-                return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url,
-                             levels=[("concurrency", level)], passes=1, into=raw[(name, kk)], server=label, log=log)
+            def one_pass(srvs: list[VllmServer], plain_srv: VllmServer):
+                return drive_together([srv.url for srv in srvs], plain_srv.url, prompts, settings,
+                                      levels=[("concurrency", level)], passes=1,
+                                      into=[raw[(name, kk)] for kk in group], servers=labels, log=log)
 
-            plain_log = plain.log_path.name if plain is not None else f"plain-{label}.log"
+            plain_log = plain.log_path.name if plain is not None else f"plain-{labels[0]}.log"
+            specs = lambda: [server(label, str(drafts[name]), kk) for label, kk in zip(labels, group)]  # noqa: E731
             try:
                 if plain is None:
-                    with started_together(server(f"plain-{label}"), server(label, str(drafts[name]), kk)) as pair:
-                        spec_runs, runs = one_pass(pair[1], pair[0])  # the two start-ups overlapped
+                    with started_together(server(f"plain-{labels[0]}"), *specs()) as (plain_srv, *srvs):
+                        runs = one_pass(srvs, plain_srv)  # the start-ups overlapped
                 else:
-                    with server(label, str(drafts[name]), kk) as srv:
-                        plain.wait_healthy()  # started beside the first spec server: up by now, or waited for
-                        spec_runs, runs = one_pass(srv, plain)
+                    with started_together(*specs()) as srvs:
+                        plain.wait_healthy()  # started beside the first spec servers: up by now, or waited for
+                        runs = one_pass(list(srvs), plain)
             except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
-                failed_lives.append(f"server life {label} failed: {str(exc).splitlines()[0]} (its logs: "
-                                    f"serving_logs/{plain_log}, serving_logs/{label}.log); the cell kept the "
-                                    "lives it had")
+                logs_named = ", ".join(f"serving_logs/{n}" for n in [plain_log] + [f"{lab}.log" for lab in labels])
+                failed_lives.append(f"server life {', '.join(labels)} failed: {str(exc).splitlines()[0]} (its logs: "
+                                    f"{logs_named}); the cell{'s' if len(group) > 1 else ''} kept the lives "
+                                    f"{'they' if len(group) > 1 else 'it'} had")
                 log(f"draftsmith: serving: {failed_lives[-1]}")
                 return False
-            remeasured(name, kk, spec_runs, runs)
+            for kk, (spec_runs, plain_runs_k) in zip(group, runs):
+                remeasured(name, kk, spec_runs, plain_runs_k)
             return True
 
         def decision_concurrency() -> Optional[int]:
@@ -380,7 +464,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
                 if settings.decision_servers:
                     while more():
-                        if not new_life(name, kk, level, f"{_slug(name)}-k{kk}-more{taken + 1}"):
+                        if not new_life(name, [kk], level, [f"{_slug(name)}-k{kk}-more{taken + 1}"]):
                             break  # a pair that would not start: no more tries for this cell
                         taken += 1
                 elif more():  # the budget may already be spent: no server started for nothing
@@ -397,9 +481,9 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                        "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
 
         added = lives = None
-        # At most two servers are up at any time (on a GPU each takes its share of the memory): the decision lives
-        # start their own pair, so they run after the main plain server has stopped (the scheduled column is
-        # measured beside it first, as the cells it is compared with), and the passes added then are new lives.
+        # At most 1 + serve.k_at_once servers are up at any time (on a GPU each takes its share of the memory): the
+        # decision lives start their own, so they run after the main plain server has stopped (the scheduled column
+        # is measured beside it first, as the cells it is compared with), and the passes added then are new lives.
         with_lives = settings.decision_servers > 0 and settings.interleave and decide is not None
         if settings.fresh_servers:  # the main cells start their own servers per pass
             main_cells(None)

@@ -109,6 +109,12 @@ class ServingSettings(ServerSettings):
     interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
     # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
     # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
+    k_at_once: Optional[int] = None  # spec servers up at once beside the plain one (serve.interleave): every K of a
+    # draft (or of a decision life) starts together and each pass of a level runs the plain server once and every
+    # K after it in turn (order rotated), so that one plain pass serves every K and one start-up wait every server;
+    # None: all of them on the CPU (host RAM holds many copies of a small model, and three servers start in the time
+    # of two then one: BENCHMARKS.md), one at a time on a GPU (each server takes its share of the GPU's memory:
+    # 0.9 / servers up unless serve.gpu_memory_utilization says otherwise)
     fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
     # that the interval also sees what changes from one server start to the next (BENCHMARKS.md: 10-20% on a CPU);
     # costs two server starts per pass
@@ -138,9 +144,15 @@ class ServingSettings(ServerSettings):
         check(self.max_prompts >= 1, f"serve.max_prompts must be >= 1, got {self.max_prompts}")
         check(self.warmup >= 0, f"serve.warmup must be >= 0, got {self.warmup}")
         check(isinstance(self.repeats, int) and self.repeats >= 1, f"serve.repeats must be an integer >= 1, got {self.repeats!r}")
-        check(not (self.interleave and self.url is None and (self.gpu_memory_utilization or 0) > 0.5),
-              f"serve.gpu_memory_utilization={self.gpu_memory_utilization} with serve.interleave=true: two servers "
-              "run at once (plain beside spec), so each may take at most 0.5; lower it or set serve.interleave=false")
+        check(self.k_at_once is None or (isinstance(self.k_at_once, int) and not isinstance(self.k_at_once, bool)
+                                         and self.k_at_once >= 1),
+              f"serve.k_at_once must be an integer >= 1 (spec servers up at once beside the plain one) or null "
+              f"(all on the CPU, one on a GPU), got {self.k_at_once!r}")
+        up = 1 + (self.k_at_once or 1)
+        check(not (self.interleave and self.url is None and (self.gpu_memory_utilization or 0) * up > 1.0),
+              f"serve.gpu_memory_utilization={self.gpu_memory_utilization} with serve.interleave=true: {up} servers "
+              f"run at once (plain beside {up - 1} spec), so each may take at most {1 / up:.2g}; lower it, lower "
+              "serve.k_at_once, or set serve.interleave=false")
         check(not self.fresh_servers or self.interleave,
               "serve.fresh_servers=true starts a plain server beside each spec server: it needs serve.interleave=true")
         check(isinstance(self.decision_servers, int) and not isinstance(self.decision_servers, bool)

@@ -370,3 +370,80 @@ def test_decision_lives_beside_fresh_servers_count_every_server_pair(fake, tmp_p
     assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4,
                                                      "chosen_before": True, "contenders": [2]}]
     assert len(set(serving["cells"][0]["timings"]["servers"])) == 4 and all_gone(tmp_path / "pids")
+
+
+def _spy_started_together(monkeypatch):
+    """Record the log names of every group of servers started together (and still start them)."""
+    from draftsmith.eval import serving as serving_mod
+
+    real, groups = serving_mod.started_together, []
+
+    def spy(*servers):
+        groups.append([srv.log_path.stem for srv in servers])
+        return real(*servers)
+
+    monkeypatch.setattr(serving_mod, "started_together", spy)
+    return groups
+
+
+def _passes_of(lines: list[str]) -> list[list[str]]:
+    """The serving log lines grouped by (level, pass): [[side, ...] in the order they ran]."""
+    rounds: dict = {}
+    for line in lines:
+        if " output tokens/s" in line:
+            side, rest = line.split("serving: ")[1].split(maxsplit=1)
+            rounds.setdefault(rest.split(":")[0], []).append(side)
+    return list(rounds.values())
+
+
+def test_every_k_of_a_draft_is_up_at_once_and_one_plain_pass_serves_them_all(fake, tmp_path, monkeypatch):
+    """serve.k_at_once unset on the CPU: the spec servers of every K start together (the plain one beside the first),
+    each pass of a level runs the plain server once and every K's server, the order rotated, and the cells of
+    both K are compared with that one plain pass."""
+    groups, lines = _spy_started_together(monkeypatch), []
+    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=2)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lines.append,
+                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False})
+    assert groups[0] == ["trained-k2", "trained-k3"]
+    rounds = _passes_of(lines)
+    assert len(rounds) == 2 * 2 + 2  # two levels x two passes, then the decision level on two lives x one pass
+    assert all(sorted(r) == ["plain", "spec", "spec"] for r in rounds)
+    assert len({r.index("plain") for r in rounds[:4]}) == 3  # the plain pass moves: first, last, between
+    cells = {(c["k"], c["concurrency"]): c for c in serving["cells"]}
+    assert cells[(2, 2)]["timings"]["plain_s"] == cells[(3, 2)]["timings"]["plain_s"]  # one plain pass for both
+    assert cells[(2, 2)]["timings"]["spec_s"] != cells[(3, 2)]["timings"]["spec_s"]
+    assert cells[(2, 1)]["timings"]["servers"] == ["trained-k2+plain"] * 2 + ["trained-k2-life2", "trained-k2-life3"]
+    # a decision life with both K: its new plain server starts beside both spec servers
+    assert ["trained-k2-life2", "trained-k3-life2"] in groups
+    assert all_gone(tmp_path / "pids")
+
+
+def test_k_at_once_one_starts_the_spec_servers_one_after_another(fake, tmp_path, monkeypatch):
+    groups, lines = _spy_started_together(monkeypatch), []
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=1, k_at_once=1)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lines.append)
+    assert groups[:2] == [["trained-k2"], ["trained-k3"]]
+    sides = [side for r in _passes_of(lines) for side in r]
+    assert sides.count("plain") == 2 == sides.count("spec")  # a plain pass beside each K's
+    a, b = serving["cells"]
+    assert a["timings"]["plain_s"] != b["timings"]["plain_s"]  # each K beside a plain pass of its own
+    assert all_gone(tmp_path / "pids")
+
+
+def test_how_many_spec_servers_run_at_once():
+    from draftsmith.eval.serving import chunked, k_at_once
+
+    assert k_at_once(ServingSettings(), "cpu", 3) == 3  # all of them on the CPU
+    assert k_at_once(ServingSettings(), "cuda", 3) == 1  # one at a time on a GPU
+    assert k_at_once(ServingSettings(k_at_once=2), "cuda", 3) == 2
+    assert k_at_once(ServingSettings(gpu_memory_utilization=0.3), "cuda", 3) == 1
+    assert k_at_once(ServingSettings(gpu_memory_utilization=0.3), "cpu", 4) == 2  # all, but no more than 3 x 0.3
+    assert chunked([2, 3, 4], 2) == [[2, 3], [4]] and chunked([2, 3], 5) == [[2, 3]]
+    with pytest.raises(Exception, match="serve.k_at_once must be an integer >= 1"):
+        ServingSettings(k_at_once=0)
+    with pytest.raises(Exception, match=r"3 servers run at once .* at most 0.33"):
+        ServingSettings(k_at_once=2, gpu_memory_utilization=0.4)
