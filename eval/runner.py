@@ -1,8 +1,9 @@
 """eval: measure drafts inside the real speculative loop on held-out prompts, next to plain decoding.
 
-For each (draft, K, temperature), ``eval.repeats`` passes (round-robin over the cells): a warm-up,
-then for every prompt one plain and one speculative run side by side (order alternating by prompt,
-rotated by pass), same max_new_tokens; cost ratios measured once per cell. The speedup's 95%
+For each (draft, K, temperature), ``eval.repeats`` passes: a warm-up, then for every prompt one plain
+run and every cell's speculative run (of that temperature) back to back, the order rotated by prompt
+and pass, same max_new_tokens; each speculative run is paired with the prompt's plain run of its
+pass, so one plain run serves every draft and K; cost ratios measured once per cell. The speedup's 95%
 interval is a paired bootstrap over prompts and passes (eval/intervals.py). When a verdict is
 undecided — the interval of a K that could be chosen straddles a bar of ``decide_at`` (the promote
 gate), or the candidate-vs-production difference straddles ``decide_margin`` — passes are added to
@@ -173,45 +174,74 @@ class Cell:
                            units=self.units(), repeats=self.repeats)
 
 
-def measure_repeat(cfg: EvalConfig, target, draft, prompts, cell: Cell, eos, pad_id,
-                   draft_vocab: torch.Tensor | None = None) -> None:
-    """One more pass of `cell` over every prompt: a warm-up, then per prompt one plain and one speculative run
-    side by side, their order alternating by prompt and rotated by repeat (so that neither always runs first).
+def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[Cell], eos, pad_id,
+                   draft_vocab: torch.Tensor | None = None, desc: Optional[str] = None) -> None:
+    """One more pass of `cells` over every prompt: a warm-up, then per prompt one plain run and every cell's
+    speculative run back to back, their order rotated by prompt and by pass (so that no run always goes first or
+    last); each speculative run is paired with that prompt's plain run, so one plain run serves every cell (their
+    speedups share the baseline they are measured against, as they would on one machine at one moment).
 
-    The first pass also measures the cost ratios and (greedy cells, eval.hf_ab) times HF assisted generation.
+    `cells`: one temperature and as many passes each (:func:`same_pass`); `drafts`: name -> model. The first pass
+    also measures each cell's cost ratios and (greedy cells, eval.hf_ab) times HF assisted generation.
     `draft_vocab`: the ids the draft may propose (eval.draft_vocab), None for its full vocabulary; HF assisted
-    generation always runs the full one. Sampling cells draw from a generator seeded with seed + repeat."""
-    r, k, temperature = cell.repeats, cell.k, cell.temperature
+    generation always runs the full one. Sampling runs draw from one generator seeded with seed + pass.
+    `desc`: a progress bar over the prompts."""
+    r, temperature = cells[0].repeats, cells[0].temperature
+    if any(c.repeats != r or c.temperature != temperature for c in cells):
+        raise ValueError("measure_repeat: the cells of one pass need one temperature and as many passes each")
     gen = torch.Generator(device=prompts[0].device).manual_seed(cfg.seed + r)
     common = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=eos, generator=gen, backend=cfg.backend)
+
+    def spec(cell: Cell, prompt, **kw):
+        return speculative_generate(target, drafts[cell.draft], prompt, k=cell.k, draft_vocab=draft_vocab,
+                                    **{**common, **kw})
+
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
-        speculative_generate(target, draft, prompts[0], k=k, draft_vocab=draft_vocab, **{**common, "max_new_tokens": 8})
-    plain_s, spec_s, hf_s, hf_equal = [], [], 0.0, True
-    for i, prompt in enumerate(prompts):
-        runs = [("plain", lambda: autoregressive_generate(target, prompt, **common)),
-                ("spec", lambda: speculative_generate(target, draft, prompt, k=k, draft_vocab=draft_vocab, **common))]
-        outs = {name: fn() for name, fn in (runs if (i + r) % 2 == 0 else runs[::-1])}
-        cell.base.append(outs["plain"].stats)
-        cell.spec.append(outs["spec"].stats)
-        plain_s.append(outs["plain"].stats.total_s)
-        spec_s.append(outs["spec"].stats.total_s)
-        if temperature == 0:
-            cell.equal.append(torch.equal(outs["plain"].sequences, outs["spec"].sequences))
-            if cfg.hf_ab and r == 0:
-                seq, sec = hf_assisted_generate(target, draft, prompt, k, cfg.max_new_tokens, eos, pad_id)
-                hf_s += sec
-                hf_equal &= torch.equal(seq.cpu(), outs["plain"].sequences.cpu())
-    cell.plain_s.append(plain_s)
-    cell.spec_s.append(spec_s)
-    if cell.costs is None:
-        cell.costs = cost_ratios(target, draft, mid_decode_context(prompts[0], cfg.max_new_tokens), [k],
-                                 repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
-    if r == 0 and temperature == 0 and cfg.hf_ab:
-        tokens = sum(s.new_tokens for s in cell.base)
-        cell.hf = {"tokens_per_s": tokens / hf_s if hf_s else 0.0, "outputs_equal": hf_equal, "plain_tokens": tokens,
-                   "plain_s": sum(plain_s)}
+        for cell in cells:
+            spec(cell, prompts[0], max_new_tokens=8)
+    plain_s, spec_s = [], {id(c): [] for c in cells}
+    hf_s, hf_equal = {id(c): 0.0 for c in cells}, {id(c): True for c in cells}
+    for i, prompt in enumerate(progress(prompts, desc=desc, unit="prompt") if desc else prompts):
+        runs = [None, *cells]  # None: the plain run
+        shift = (i + r) % len(runs)
+        outs = {("plain" if cell is None else id(cell)):
+                (autoregressive_generate(target, prompt, **common) if cell is None else spec(cell, prompt))
+                for cell in runs[shift:] + runs[:shift]}
+        plain = outs["plain"]
+        plain_s.append(plain.stats.total_s)
+        for cell in cells:
+            out = outs[id(cell)]
+            cell.base.append(plain.stats)
+            cell.spec.append(out.stats)
+            spec_s[id(cell)].append(out.stats.total_s)
+            if temperature == 0:
+                cell.equal.append(torch.equal(plain.sequences, out.sequences))
+                if cfg.hf_ab and r == 0:
+                    seq, sec = hf_assisted_generate(target, drafts[cell.draft], prompt, cell.k, cfg.max_new_tokens,
+                                                    eos, pad_id)
+                    hf_s[id(cell)] += sec
+                    hf_equal[id(cell)] &= torch.equal(seq.cpu(), plain.sequences.cpu())
+    for cell in cells:
+        cell.plain_s.append(list(plain_s))
+        cell.spec_s.append(spec_s[id(cell)])
+        if cell.costs is None:
+            cell.costs = cost_ratios(target, drafts[cell.draft], mid_decode_context(prompts[0], cfg.max_new_tokens),
+                                     [cell.k], repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
+        if r == 0 and temperature == 0 and cfg.hf_ab:
+            tokens = sum(s.new_tokens for s in cell.base)
+            cell.hf = {"tokens_per_s": tokens / hf_s[id(cell)] if hf_s[id(cell)] else 0.0,
+                       "outputs_equal": hf_equal[id(cell)], "plain_tokens": tokens, "plain_s": sum(plain_s)}
+
+
+def same_pass(cells: list[Cell]) -> list[list[Cell]]:
+    """`cells` grouped so that each group can run as one pass (:func:`measure_repeat`): one temperature and as many
+    passes taken, in the order first seen."""
+    groups: dict = {}
+    for cell in cells:
+        groups.setdefault((cell.temperature, cell.repeats), []).append(cell)
+    return list(groups.values())
 
 
 def cell_entry(cell: Cell, record: CellRecord) -> dict:
@@ -258,7 +288,8 @@ def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
 
 def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, clock=time.monotonic) -> dict:
     """Add passes to the undecided cells (:func:`undecided`) until every verdict is decided, each has
-    eval.max_repeats passes, or eval.time_budget_s (counted from `started`) is spent; `measure(cell)` runs one pass.
+    eval.max_repeats passes, or eval.time_budget_s (counted from `started`) is spent; `measure(cells)` runs one pass
+    of each of them side by side (one group of :func:`same_pass`).
 
     -> metrics.json's "repeats": {"initial", "max", "time_budget_s", "rounds" (added passes), "seconds",
     "stopped": why it stopped, "undecided": the cells still undecided ("draft K=k")}.
@@ -276,8 +307,8 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
         if cfg.time_budget_s and clock() - started >= cfg.time_budget_s:
             stopped = f"eval.time_budget_s={cfg.time_budget_s:g} spent"
             break
-        for cell in room:
-            measure(cell)
+        for group in same_pass(room):
+            measure(group)
         rounds += 1
     return {"initial": cfg.repeats, "max": cfg.max_repeats, "time_budget_s": cfg.time_budget_s, "rounds": rounds,
             "seconds": clock() - started, "stopped": stopped,
@@ -321,11 +352,12 @@ def run(cfg: EvalConfig) -> dict:
 
     cells = [Cell(n, k, t) for n in drafts for t in cfg.temperature for k in cfg.k]
     started = time.monotonic()
-    for r in range(cfg.repeats):  # every cell's first passes, round-robin so that slow spells spread over cells
-        for cell in progress(cells, desc=f"eval (pass {r + 1} of {cfg.repeats})", unit="cell"):
-            measure_repeat(cfg, target, drafts[cell.draft], prompts, cell, eos, pad_id, vocab)
-    stopping = more_repeats(cfg, cells, lambda cell: measure_repeat(cfg, target, drafts[cell.draft], prompts, cell,
-                                                                   eos, pad_id, vocab), started)
+    for r in range(cfg.repeats):  # every cell's first passes: per temperature, every cell beside one plain run
+        for group in same_pass(cells):
+            measure_repeat(cfg, target, drafts, prompts, group, eos, pad_id, vocab,
+                           desc=f"eval (pass {r + 1} of {cfg.repeats})")
+    stopping = more_repeats(cfg, cells, lambda group: measure_repeat(cfg, target, drafts, prompts, group, eos, pad_id,
+                                                                    vocab, desc="eval (an added pass)"), started)
     records, cell_records, warnings = [], [], []
     for cell in cells:
         record = cell.record()

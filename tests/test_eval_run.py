@@ -57,6 +57,12 @@ def test_eval_writes_full_schema_report_and_plots(setup):
         else:
             assert rec["greedy_match"] is None and "hf_assisted" not in rec
             assert 0.0 < rec["expected_acceptance"] <= 1.0
+    for temperature in (0.0, 0.8):  # one plain run per prompt and pass serves every draft and K of a temperature
+        plains = [r["timings"]["plain_s"] for r in metrics["records"] if r["temperature"] == temperature]
+        assert len(plains) == 4 and all(p == plains[0] for p in plains)
+        specs = [r["timings"]["spec_s"] for r in metrics["records"] if r["temperature"] == temperature]
+        assert len({json.dumps(s) for s in specs}) == 4  # each cell's own speculative runs
+    assert metrics["records"][0]["timings"]["plain_s"] != metrics["records"][-1]["timings"]["plain_s"]
     assert set(metrics["summary"]) == {"trained", "base"}
     assert metrics["summary"]["trained"]["acceptance_rate"] > metrics["summary"]["base"]["acceptance_rate"]
     for s in metrics["summary"].values():

@@ -25,7 +25,11 @@ class Timer:
     def __init__(self, speedup: dict, noise: float, seed: int = 0):
         self.speedup, self.noise, self.rng, self.calls = speedup, noise, random.Random(seed), []
 
-    def __call__(self, cell: Cell) -> None:
+    def __call__(self, cells: list[Cell]) -> None:
+        for cell in cells:
+            self.one(cell)
+
+    def one(self, cell: Cell) -> None:
         self.calls.append((cell.draft, cell.k))
         plain, spec = [], []
         given = self.speedup[(cell.draft, cell.k)]
@@ -47,8 +51,7 @@ class Timer:
 
 def cells_after_first_pass(cfg, timer):
     cells = [Cell(name, k, 0.0) for name in cfg.drafts for k in cfg.k]
-    for cell in cells:
-        timer(cell)
+    timer(cells)
     return cells
 
 
