@@ -52,7 +52,7 @@ from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, decision_level,  # noqa: F401
-                                          k_bands)  # (k_bands)
+                                          k_bands, schedule_shortfall)  # (k_bands)
 
 MEASURED = "measured in this eval"
 
@@ -139,9 +139,10 @@ def _decide(candidate: dict, gates, champion: dict | None = None, label: str | N
             difference: list[float] | None = None) -> dict:
     """decide(), with a note when the serving concurrency decided at is not promote.serving_concurrency."""
     record = decide(candidate, gates, champion, champion_label=label, difference_ci95=difference)
-    note = (candidate.get("serving") or {}).get("concurrency_note")
-    if note:
-        record["reasons"].append(f"note: {note}")
+    serving = candidate.get("serving") or {}
+    for note in (serving.get("concurrency_note"), (serving.get("schedule_measured") or {}).get("shortfall")):
+        if note:
+            record["reasons"].append(f"note: {note}")
     return record
 
 
@@ -346,11 +347,24 @@ def _serving_candidate(serving: ServingTable | None, name: str, metrics: EvalMet
             "tpot_ratio": top.get("tpot_ratio") if top and at["best_k"] else None,
             "outputs_unequal": [_cell_name(c) for c in cells + serving.scheduled_cells
                                 if c.get("outputs_equal") is False and c.get("draft") == name],
-            "k_by_concurrency": k_bands(best_k_per_concurrency(cells))}
+            "k_by_concurrency": k_bands(best_k_per_concurrency(cells)),
+            "schedule_measured": _schedule_measured(serving, name)}
     return {"best_k": at["best_k"], "speedup": at["speedup"], "speedup_ci95": at["speedup_ci95"],
             "repeats": top and top.get("repeats"), "acceptance_rate": accepted, "acceptance_source": source,
             "greedy_match": batch1["greedy_match"], "temperature": batch1.get("temperature"), "batch1": batch1,
             "serving": info}
+
+
+def _schedule_measured(serving: ServingTable, name: str) -> dict | None:
+    """The exported K schedule's own column of the serving A/B, when it was measured for `name`: the schedule,
+    whether it tracked the best static choice at every level, the levels where it did not, and what that means
+    (eval/serving_stats.py schedule_shortfall) — so the registry version says how its own configuration served."""
+    sched = serving.doc.get("scheduled") or {}
+    if sched.get("draft") != name or not sched.get("tracking"):
+        return None
+    return {"schedule": sched["schedule"], "tracks": sched.get("tracks"),
+            "not_tracked_at": [r["concurrency"] for r in sched["tracking"] if r.get("agrees") is False],
+            "shortfall": schedule_shortfall(sched)}
 
 
 def _acceptance(cell: dict | None, name: str, k: int, metrics: EvalMetrics) -> tuple[float, str]:

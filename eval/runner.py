@@ -33,6 +33,7 @@ from draftsmith.decode.eos import eos_token_id
 from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
 from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
+from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
@@ -177,8 +178,8 @@ class Cell:
 def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[Cell], eos, pad_id,
                    draft_vocab: torch.Tensor | None = None, desc: Optional[str] = None) -> None:
     """One more pass of `cells` over every prompt: a warm-up, then per prompt one plain run and every cell's
-    speculative run back to back, their order rotated by prompt and by pass (so that no run always goes first or
-    last); each speculative run is paired with that prompt's plain run, so one plain run serves every cell (their
+    speculative run back to back, in the order of eval/order.py interleaved (rotated by prompt and pass, reversed
+    on every other prompt: no run always goes first or last, or before the plain one); each speculative run is paired with that prompt's plain run, so one plain run serves every cell (their
     speedups share the baseline they are measured against, as they would on one machine at one moment).
 
     `cells`: one temperature and as many passes each (:func:`same_pass`); `drafts`: name -> model. The first pass
@@ -205,10 +206,10 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
     hf_s, hf_equal = {id(c): 0.0 for c in cells}, {id(c): True for c in cells}
     for i, prompt in enumerate(progress(prompts, desc=desc, unit="prompt") if desc else prompts):
         runs = [None, *cells]  # None: the plain run
-        shift = (i + r) % len(runs)
+        order = interleaved(len(runs), rotate=i + r, reverse=(i + r) % 2 == 1)
         outs = {("plain" if cell is None else id(cell)):
                 (autoregressive_generate(target, prompt, **common) if cell is None else spec(cell, prompt))
-                for cell in runs[shift:] + runs[:shift]}
+                for cell in (runs[j] for j in order)}
         plain = outs["plain"]
         plain_s.append(plain.stats.total_s)
         for cell in cells:

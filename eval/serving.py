@@ -57,6 +57,7 @@ from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, format_ci, verdict
 from draftsmith.eval.load import run_load
+from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
                                           contenders, decision_level, k_bands, make_cell, merge_passes, summarize,
@@ -109,8 +110,9 @@ def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]],
                    into: Optional[list[tuple[Runs, Runs]]] = None, warmup: bool = True,
                    servers: Optional[list[Optional[str]]] = None) -> list[tuple[Runs, Runs]]:
     """:func:`drive` for several speculative servers (`urls`: one draft x K each) up beside one plain server: every
-    pass of a level runs the plain server once and each speculative one, back to back, the order rotated by pass
-    and level (so that none always runs first or last), and the plain pass is the one every speculative pass of
+    pass of a level runs the plain server once and each speculative one, back to back (eval/order.py interleaved:
+    rotated by level, reversed every other pass, so that over two passes no side runs before another more often
+    than after it), and the plain pass is the one every speculative pass of
     that round is compared with -> [(spec runs, plain runs)] per url. `into`: per url, the (spec, plain) runs to
     add these passes to; `servers`: per url, the label stamped on its passes (its server life)."""
     labels = servers or [None] * len(urls)
@@ -133,7 +135,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
            log=print, levels: Optional[Levels] = None, passes: Optional[int] = None, into: Optional[dict] = None,
            warmup: bool = True, keep: bool = True) -> dict[str, Runs]:
     """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
-    side once, the order rotated by (pass + level). `into` {url: runs}: passes already taken (counted for the
+    side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into` {url: runs}: passes already taken (counted for the
     rotation; with `keep` the new passes are added to them, else only the new passes are returned)."""
     from draftsmith.serve.errors import VllmError
 
@@ -149,8 +151,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
     n = len(sides)
     for r in range(done, done + (settings.repeats if passes is None else passes)):
         for j, (kind, level) in enumerate(levels or levels_of(settings)):
-            shift = (r + j) % n
-            for u, is_spec, label in sides[shift:] + sides[:shift]:
+            for u, is_spec, label in (sides[i] for i in interleaved(n, rotate=j, reverse=r % 2 == 1)):
                 before = scrape_metrics(u) if is_spec else None
                 load = run_load(u, models[u], prompts, num_requests=requests_per_level(len(prompts), kind, level),
                                 max_tokens=settings.max_tokens, **{kind: level}, **common)
@@ -188,8 +189,11 @@ def _summed(a: SpecCounters, b: SpecCounters) -> SpecCounters:
 
 def k_at_once(settings: ServingSettings, device: str, n_k: int) -> int:
     """How many spec servers run at once beside the plain one (serve.k_at_once; None: all `n_k` on the CPU, one on a
-    GPU), no more than serve.gpu_memory_utilization lets fit beside the plain server when it is set."""
-    n = settings.k_at_once or (max(n_k, 1) if device == "cpu" else 1)
+    GPU), never more than `n_k`, and no more than serve.gpu_memory_utilization lets fit beside the plain server when
+    it is set. On the CPU vLLM's default share (serve/server.py CPU_MEMORY_UTILIZATION) is not a reservation but a
+    start-up check that so much host RAM is free (vllm/v1/worker/cpu_worker.py); what a server holds is its
+    weights and its KV cache (VLLM_CPU_KVCACHE_SPACE, 2 GiB by default), so it does not cap the servers up at once."""
+    n = max(1, min(settings.k_at_once or (n_k if device == "cpu" else 1), n_k))
     if settings.gpu_memory_utilization:
         n = min(n, max(1, int(1.0 / settings.gpu_memory_utilization + 1e-9) - 1))
     return n

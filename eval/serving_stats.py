@@ -368,6 +368,9 @@ def summary_lines(serving: dict) -> list[str]:
         tracks = {True: "yes", False: "NO", None: "unknown"}[sched.get("tracks")]
         lines.append(f"serving {sched['draft']} scheduled ({describe_schedule(sched['schedule'])}): {at}; tracks the "
                      f"best static K or off within the intervals: {tracks}")
+        shortfall = schedule_shortfall(sched)
+        if shortfall:
+            lines.append(f"  {shortfall}")
     if serving.get("capacity"):
         from draftsmith.eval.capacity import capacity_lines
 
@@ -377,6 +380,35 @@ def summary_lines(serving: dict) -> list[str]:
         lines.append(f"serving: greedy outputs differ with speculation on vs off in {len(unequal)} cell(s) "
                      "(see serving.json first_mismatch)")
     return lines
+
+
+def schedule_shortfall(scheduled: Optional[dict]) -> Optional[str]:
+    """Where the measured K schedule (serving.json's ``"scheduled"``, with its ``tracking`` rows) fell short of the
+    best static choice at a level, in words with what to do; None when it tracked, or was not measured.
+
+    A K 0 band is not speculation off: vLLM 0.32 still runs the draft's forward over the target's new tokens
+    in a K 0 step, to keep the draft's KV cache in step (vllm/v1/spec_decode/llm_base_proposer.py ``propose``:
+    "No draft tokens requested (e.g. Dynamic SD decided K=0). The prefill forward pass above already ran"), so
+    above the boundary a schedule costs what the draft costs; only a server without ``--speculative-config``
+    serves that load at the plain speed."""
+    if not scheduled or scheduled.get("tracks") is not False:
+        return None
+    from draftsmith.serve.schedule import describe_schedule
+
+    short = [r for r in scheduled.get("tracking") or [] if r.get("agrees") is False]
+    against = "; ".join(
+        f"{_x(r['speedup'], r['speedup_ci95'])} at concurrency {r['concurrency']} against "
+        + ("off (1.00x)" if r["best_static_k"] == 0 else
+           f"K={r['best_static_k']} {_x(r['best_static_speedup'], r.get('best_static_ci95'))}")
+        for r in short)
+    text = (f"the exported K schedule ({describe_schedule(scheduled['schedule'])}) fell short of the best static "
+            f"choice: {against}")
+    if any(r["best_static_k"] == 0 for r in short):
+        text += ("; vLLM runs the draft's forward in a K 0 band too (keeping the draft's KV cache in step), so a K 0 "
+                 "band is not speculation off: serve that load from a server without --speculative-config")
+    if any(r["best_static_k"] != 0 for r in short):
+        text += "; promote.k_schedule=false exports the static K chosen at the serving concurrency instead"
+    return text
 
 
 def _x(value: Optional[float], ci: Optional[list[float]] = None) -> str:

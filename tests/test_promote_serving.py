@@ -124,6 +124,32 @@ def test_promote_k_schedule_false_keeps_the_static_k(job):
     assert config["num_speculative_tokens"] == 2 and "num_speculative_tokens_per_batch_size" not in config
 
 
+def test_the_measured_schedules_shortfall_is_recorded_with_what_to_do(job):
+    """The scheduled column fell short at 16 (a K 0 band: vLLM still runs the draft there): the promotion record and
+    the version say where, and the decision notes it; at 1 and 4 it tracked, so those levels are not listed."""
+    from draftsmith.eval.serving import track_schedule
+
+    serving = json.loads((job["out"] / "serve" / "serving.json").read_text())
+    scheduled = {"draft": "trained", "bands": [], "schedule": [[1, 2, 4], [3, 8, 2], [9, 16, 0]],
+                 "cells": [{**cell("trained", None, c, s), "column": "scheduled"}
+                           for c, s in ((1, 2.6), (4, 1.3))]
+                 + [{**cell("trained", None, 16, 0.7), "speedup_ci95": [0.6, 0.8], "column": "scheduled"}]}
+    scheduled.update(track_schedule(serving["cells"], scheduled))
+    (job["out"] / "serve" / "serving.json").write_text(json.dumps({**serving, "scheduled": scheduled}))
+    record = promote(at(4), job["out"], job["reg"])
+    measured = record["serving"]["schedule_measured"]
+    assert record["promote"] and measured["tracks"] is False and measured["not_tracked_at"] == [16]
+    assert "0.70x [0.60, 0.80] at concurrency 16 against off (1.00x)" in measured["shortfall"]
+    assert record["reasons"][-1] == f"note: {measured['shortfall']}" and "not speculation off" in measured["shortfall"]
+    assert job["reg"].resolve("demo", 1)["summary"]["serving"]["schedule_measured"] == measured
+
+
+def test_no_measured_schedule_adds_no_note(job):
+    record = promote(at(4), job["out"], job["reg"])
+    assert record["serving"]["schedule_measured"] is None
+    assert not any("schedule" in r for r in record["reasons"])
+
+
 def test_bands_merge_equal_neighbours():
     best = [{"concurrency": 1, "k": 4}, {"concurrency": 2, "k": 4}, {"concurrency": 4, "k": 4},
             {"concurrency": 8, "k": 2}, {"concurrency": 16, "k": 0}, {"concurrency": 32, "k": 0}]

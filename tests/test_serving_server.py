@@ -81,6 +81,43 @@ def test_starts_serves_and_stops(fake, tmp_path):
     assert "--model /models/target" in (tmp_path / "logs" / "server.log").read_text()
 
 
+class _Recorded:
+    """A server that records its starts and health waits into `events` (started_together's only calls)."""
+
+    def __init__(self, name, device, events, fail=False):
+        self.name, self.spec, self.events, self.fail = name, ServerSpec(model="/m", device=device), events, fail
+
+    def start(self):
+        self.events.append(("start", self.name))
+
+    def wait_healthy(self):
+        self.events.append(("healthy", self.name))
+        if self.fail:
+            raise VllmError(f"{self.name} exited")
+
+    def stop(self):
+        self.events.append(("stop", self.name))
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("cpu", ["start plain", "start spec", "healthy plain", "healthy spec"]),  # the start-ups overlap
+    ("cuda", ["start plain", "healthy plain", "start spec", "healthy spec"]),  # vllm-project/vllm#55827
+])
+def test_servers_start_together_on_the_cpu_and_one_after_another_on_a_gpu(device, expected):
+    from draftsmith.serve.server import started_together
+
+    events = []
+    with started_together(*[_Recorded(n, device, events) for n in ("plain", "spec")]):
+        assert [" ".join(e) for e in events] == expected
+    assert [" ".join(e) for e in events[-2:]] == ["stop spec", "stop plain"]
+    events.clear()  # on a GPU a first server that fails is stopped before the second one starts
+    with pytest.raises(VllmError, match="plain exited"), started_together(
+            _Recorded("plain", device, events, fail=True), _Recorded("spec", device, events)):
+        pass
+    starts = [e for e in events if e[0] == "start"]
+    assert len(starts) == (1 if device == "cuda" else 2) and events[-1] == ("stop", "plain")
+
+
 def test_servers_started_together_serve_on_their_own_ports_and_all_stop(fake, tmp_path, monkeypatch):
     from draftsmith.serve.server import started_together
 
@@ -401,6 +438,7 @@ def test_every_k_of_a_draft_is_up_at_once_and_one_plain_pass_serves_them_all(fak
     each pass of a level runs the plain server once and every K's server, the order rotated, and the cells of
     both K are compared with that one plain pass."""
     groups, lines = _spy_started_together(monkeypatch), []
+    monkeypatch.setenv("FAKE_VLLM_TPOT", "0.02")  # speculation ~1.7x: clear of the bar, so no pass is added
     settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=2)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
@@ -411,6 +449,7 @@ def test_every_k_of_a_draft_is_up_at_once_and_one_plain_pass_serves_them_all(fak
     assert len(rounds) == 2 * 2 + 2  # two levels x two passes, then the decision level on two lives x one pass
     assert all(sorted(r) == ["plain", "spec", "spec"] for r in rounds)
     assert len({r.index("plain") for r in rounds[:4]}) == 3  # the plain pass moves: first, last, between
+    assert rounds[2] == rounds[0][::-1] and rounds[3] == rounds[1][::-1]  # each level's second pass reversed
     cells = {(c["k"], c["concurrency"]): c for c in serving["cells"]}
     assert cells[(2, 2)]["timings"]["plain_s"] == cells[(3, 2)]["timings"]["plain_s"]  # one plain pass for both
     assert cells[(2, 2)]["timings"]["spec_s"] != cells[(3, 2)]["timings"]["spec_s"]
@@ -442,6 +481,8 @@ def test_how_many_spec_servers_run_at_once():
     assert k_at_once(ServingSettings(k_at_once=2), "cuda", 3) == 2
     assert k_at_once(ServingSettings(gpu_memory_utilization=0.3), "cuda", 3) == 1
     assert k_at_once(ServingSettings(gpu_memory_utilization=0.3), "cpu", 4) == 2  # all, but no more than 3 x 0.3
+    assert k_at_once(ServingSettings(k_at_once=4), "cuda", 2) == 2  # never more than there are K
+    assert k_at_once(ServingSettings(), "cpu", 0) == 1
     assert chunked([2, 3, 4], 2) == [[2, 3], [4]] and chunked([2, 3], 5) == [[2, 3]]
     with pytest.raises(Exception, match="serve.k_at_once must be an integer >= 1"):
         ServingSettings(k_at_once=0)

@@ -268,6 +268,34 @@ def test_track_schedule_compares_with_the_best_static_k_or_off_within_the_interv
     assert track_schedule(static, bad)["tracks"] is False
 
 
+def test_a_schedule_that_falls_short_says_where_and_what_to_do():
+    from draftsmith.eval.serving import track_schedule
+    from draftsmith.eval.serving_stats import schedule_shortfall, summary_lines
+
+    static = [{**cell("t", 2, 1, 1.5), "speedup_ci95": [1.3, 1.7]}, {**cell("t", 2, 8, 0.85), "speedup_ci95": [0.75, 0.95]},
+              {**cell("t", 4, 16, 1.2), "speedup_ci95": [1.1, 1.3]}, {**cell("t", 2, 16, 0.9), "speedup_ci95": [0.8, 1.0]}]
+    sched = {"draft": "t", "schedule": [[1, 2, 2], [3, 11, 0], [12, 16, 4]],
+             "cells": [{**cell("t", None, 1, 1.4), "speedup_ci95": [1.2, 1.6]},
+                       {**cell("t", None, 8, 0.69), "speedup_ci95": [0.52, 0.88]},   # off was best: K 0 is not off
+                       {**cell("t", None, 16, 0.95), "speedup_ci95": [0.9, 1.0]}]}   # K=4 [1.1, 1.3] was best
+    sched.update(track_schedule(static, sched))
+    assert sched["tracks"] is False and [r["agrees"] for r in sched["tracking"]] == [True, False, False]
+    text = schedule_shortfall(sched)
+    assert "0.69x [0.52, 0.88] at concurrency 8 against off (1.00x)" in text
+    assert "0.95x [0.90, 1.00] at concurrency 16 against K=4 1.20x [1.10, 1.30]" in text
+    assert "1.40x" not in text  # the level that tracked is not listed
+    assert "a K 0 band is not speculation off" in text and "promote.k_schedule=false" in text
+    only_off = {**sched, "cells": sched["cells"][:2]}
+    only_off.update(track_schedule(static, only_off))
+    assert "K 0 band" in schedule_shortfall(only_off) and "k_schedule" not in schedule_shortfall(only_off)
+    good = {**sched, "cells": [{**cell("t", None, 1, 1.5), "speedup_ci95": [1.3, 1.7]}]}
+    good.update(track_schedule(static, good))
+    assert good["tracks"] is True and schedule_shortfall(good) is None
+    assert schedule_shortfall(None) is None and schedule_shortfall({**sched, "tracks": None}) is None
+    lines = summary_lines({"cells": static, "rate_cells": [], "boundary": {}, "scheduled": sched})
+    assert any(line.strip() == text for line in lines)
+
+
 def test_undecided_serving_names_the_cells_more_passes_could_settle():
     from draftsmith.eval.serving import undecided_serving
 
