@@ -82,7 +82,8 @@ def header(url: str, args, rules: Rules, reference: Optional[dict]) -> str:
             f"window; floor {rules.min_acceptance:g}")
     if reference:
         schedule = reference.get("schedule")
-        served = f" (served with the batch-size K schedule {describe_schedule(schedule)})" if schedule else ""
+        served = (f" (served with the batch-size K schedule {describe_schedule(schedule)})"
+                  if schedule and len(schedule) > 1 else "")  # one range: one K, as a static K
         line += (f"; {reference['ref']} {reference['name']} v{reference['version']}{served} was measured at "
                  f"{rules.figure_label} {reference['acceptance_rate']:.3f} ({reference['source']}): drift below "
                  f"{rules.drift_threshold:.3f} (margin {rules.margin:g})")

@@ -31,9 +31,13 @@ schedule (serve/schedule.py ``batch_size_schedule``: the K switches at the geome
 levels; vLLM 0.32 takes it as ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` with
 ``"num_speculative_tokens"`` its largest K), recorded as ``k_schedule`` in version.json too. It stays the
 static form (``k_schedule`` None, K = the best K at the serving concurrency) when ``register(...,
-schedule=False)`` (config ``promote.k_schedule``: for engines or vLLM versions without the schedule) or when
-every measured level chose the same K (one band: the schedule would say nothing more, and vLLM's static path
-keeps full CUDA graphs). A table whose every band is K 0 cannot be served with a draft: RegistryError.
+schedule=False)`` (config ``promote.k_schedule``: for engines or vLLM versions without the schedule). When
+every measured level chose the same K the schedule is one band, ``[[1, N, K]]`` (N the highest measured level,
+K carried beyond it): vLLM serves the same K as the static form, and the config says, as every version promoted
+on a serving A/B does, over which loads its K was measured (the issue's contract: the field is there whenever
+a serving A/B ran). On a GPU vLLM's scheduler pads new decode requests to K + 1 tokens only on the static path
+(vllm/v1/core/sched/scheduler.py: "to preserve full cudagraph"): ``promote.k_schedule=false`` writes that form.
+A table whose every band is K 0 cannot be served with a draft: RegistryError.
 
 Targets: a version records the identity of the target it was evaluated against (``target`` in
 version.json: path, sha256 of its config.json, tokenizer hash; see :func:`target_identity`). The
@@ -88,18 +92,16 @@ def speculative_config(draft_dir: str | Path, k: int | None, schedule: list[list
 
 def k_schedule(serving: dict | None, schedule: bool = True) -> list[list[int]] | None:
     """The batch-size K schedule a version is served with (see the module docstring), or None for a static K:
-    None when `schedule` is False, without a serving A/B or its ``k_by_concurrency``, or when the table has one
-    band (the same K everywhere). RegistryError naming the key when the table is malformed or all off."""
+    None when `schedule` is False, or without a serving A/B or its ``k_by_concurrency``; one band (the same K
+    everywhere) gives a one-range schedule. RegistryError naming the key when the table is malformed or all
+    off."""
     from draftsmith.serve.schedule import batch_size_schedule, check_schedule
 
     bands = (serving or {}).get("k_by_concurrency") or []
     if not schedule or not bands:
         return None
     try:
-        built = batch_size_schedule(list(bands))
-        if len(built) == 1:
-            return None if built[0][2] > 0 else check_schedule(built)  # all off: check_schedule says why
-        return check_schedule(built)
+        return check_schedule(batch_size_schedule(list(bands)))  # all off: check_schedule says why
     except ValueError as exc:
         raise RegistryError(f"serving k_by_concurrency {bands}: {exc}") from exc
 

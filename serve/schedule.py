@@ -149,7 +149,11 @@ def speculated_ks(schedule: Schedule) -> list[int]:
 
 
 def describe_schedule(schedule: Schedule) -> str:
-    """One line, e.g. ``batch 1-2: K=4; 3-11: K=2; >=12: off`` (the last range open-ended, as vLLM serves it)."""
+    """One line, e.g. ``batch 1-2: K=4; 3-11: K=2; >=12: off`` (the last range open-ended, as vLLM serves it);
+    one range: ``K=2 at every batch size``."""
+    if len(schedule) == 1:
+        k = schedule[0][2]
+        return f"{'off' if k == 0 else f'K={k}'} at every batch size"
     parts = []
     for i, (start, end, k) in enumerate(schedule):
         span = f">={start}" if i == len(schedule) - 1 else (str(start) if start == end else f"{start}-{end}")

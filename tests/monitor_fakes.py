@@ -116,8 +116,8 @@ class ScriptedMetrics:
 def make_registry(root: Path, name: str = "demo", *, serving: bool = True, summary_rate: float | None = 0.75,
                   cells: list[dict] | None = None, bands: list[dict] | None = None) -> LocalRegistry:
     """A registry with one production version of `name`: promoted on a serving A/B at concurrency 4 with K=2
-    (its serving.json holds `cells`; `bands` its k_by_concurrency, default K=2 everywhere: a static K), or on
-    the batch-1 eval (`serving` False)."""
+    (its serving.json holds `cells`; `bands` its k_by_concurrency, default K=2 everywhere: a one-range schedule,
+    [[1, 1, 2]]), or on the batch-1 eval (`serving` False: a static K)."""
     draft = root.parent / f"{name}-draft"
     draft.mkdir(parents=True, exist_ok=True)
     (draft / "config.json").write_text('{"model_type": "llama"}')

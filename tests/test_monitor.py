@@ -432,7 +432,9 @@ def test_a_schedule_with_one_speculating_k_keeps_the_acceptance_rate(tmp_path):
     ref = promoted_reference(registry, "demo")
     assert ref["figure"] == "acceptance_rate" and ref["acceptance_rate"] == 0.8
     assert (ref["k_max"], ref["full_positions"]) == (2, 2)
-    static = promoted_reference(make_registry(tmp_path / "static", cells=CELLS), "demo")
+    one = promoted_reference(make_registry(tmp_path / "one", cells=CELLS), "demo")  # K=2 at every level: one range
+    assert one["figure"] == "acceptance_rate" and one["schedule"] == [[1, 1, 2]] and one["acceptance_rate"] == 0.8
+    static = promoted_reference(make_registry(tmp_path / "static", serving=False), "demo")
     assert static["figure"] == "acceptance_rate" and static["schedule"] is None and static["full_positions"] is None
 
 

@@ -85,7 +85,7 @@ COVERED = {
         "tests/test_pipeline.py::test_submitit_local_multirun_runs_jobs_in_separate_processes",
     "draftsmith -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1 "
     "hydra.launcher.timeout_min=240 method=kd,lora": "test_readme_slurm_sweep_composes (no SLURM here)",
-    "torchrun --nproc_per_node 2 -m draftsmith.train.trainer train.json":
+    "torchrun --standalone --nproc_per_node 2 -m draftsmith.train.trainer train.json":
         "tests/test_train.py::test_two_cpu_processes_train_one_model (slow: the same command through "
         "python -m torch.distributed.run, on a TrainConfig JSON of the tiny pair)",
     # -- docs/tracking.md

@@ -91,7 +91,7 @@ def test_schedule_k_describe_and_check():
     assert schedule_k(schedule) == 4 and speculated_ks(schedule) == [2, 4]
     assert describe_schedule(schedule) == "batch 1-2: K=4; 3-11: K=2; >=12: off"
     assert describe_schedule([[1, 1, 2], [2, 2, 0]]) == "batch 1: K=2; >=2: off"
-    assert describe_schedule([[1, 4, 3]]) == "batch >=1: K=3"
+    assert describe_schedule([[1, 4, 3]]) == "K=3 at every batch size"  # one range: vLLM carries it beyond 4
     assert check_schedule(schedule) == schedule
     assert check_schedule([(1, 4, 3), (9, 16, 1)]) == [[1, 4, 3], [9, 16, 1]]  # a gap is fine for vLLM (carried)
 
@@ -169,13 +169,23 @@ def test_schedule_false_or_no_serving_ab_keeps_the_static_k(tmp_path):
     reg.register("off", fake_draft(tmp_path / "a", 1), metrics={}, promotion=PROMOTION, k=2, serving=serving(BRIEF),
                  schedule=False)
     reg.register("batch1", fake_draft(tmp_path / "b", 2), metrics={}, promotion=PROMOTION, k=3)
-    reg.register("oneband", fake_draft(tmp_path / "c", 3), metrics={}, promotion=PROMOTION, k=2,
-                 serving=serving([{"from": 1, "to": 4, "k": 2}, {"from": 8, "k": 2}]))
-    for name, k in (("off", 2), ("batch1", 3), ("oneband", 2)):
+    for name, k in (("off", 2), ("batch1", 3)):
         path = reg.path(name, 1)
         assert json.loads((path / "speculative_config.json").read_text()) == {
             "model": str((path / "draft").resolve()), "method": "draft_model", "num_speculative_tokens": k}, name
         assert reg.resolve(name, 1)["k_schedule"] is None, name
+
+
+def test_one_k_at_every_level_is_a_one_range_schedule(tmp_path):
+    """The contract: a version promoted on a serving A/B carries num_speculative_tokens_per_batch_size, also when
+    every measured level chose the same K (it says over which loads that K was measured)."""
+    reg = LocalRegistry(tmp_path / "reg")
+    reg.register("oneband", fake_draft(tmp_path / "c", 3), metrics={}, promotion=PROMOTION, k=2,
+                 serving=serving([{"from": 1, "to": 4, "k": 2}, {"from": 8, "k": 2}]))
+    path = reg.path("oneband", 1)
+    config = json.loads((path / "speculative_config.json").read_text())
+    assert config["num_speculative_tokens"] == 2 and config["num_speculative_tokens_per_batch_size"] == [[1, 8, 2]]
+    assert reg.resolve("oneband", 1)["k_schedule"] == [[1, 8, 2]]
 
 
 def test_the_transaction_registers_with_a_schedule_and_refuses_an_all_off_table(tmp_path):

@@ -208,7 +208,9 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     path = tmp_path / "train.json"
     path.write_text(json.dumps(dataclasses.asdict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+    # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold (one run of the
+    # whole suite timed out here after 600 s, cause not found; alone the test takes ~11 s)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                            "draftsmith.train.trainer", str(path)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "train"
