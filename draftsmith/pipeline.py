@@ -37,10 +37,14 @@ from draftsmith.train.settings import DatagenSettings, TrainSettings
 
 def served_drafts(serving, drafts: dict[str, str]) -> dict[str, str]:
     """The eval's drafts the serving A/B serves: those named in serve.drafts ([] = all; "candidate" = the draft
-    promotion decides on, eval/settings.py candidate_name: the trained draft, else the base draft)."""
+    promotion decides on, eval/settings.py candidate_name: the trained draft, else the base draft — and the
+    production draft beside it when the eval measured one, since the champion gate then compares the two on
+    the serving A/B, side by side)."""
     if not serving.drafts:
         return drafts
-    wanted = {candidate_name(drafts) if name == "candidate" else name for name in serving.drafts}
+    wanted = set()
+    for name in serving.drafts:
+        wanted |= {candidate_name(drafts), "production"} if name == "candidate" else {name}
     chosen = {name: path for name, path in drafts.items() if name in wanted}
     if not chosen:
         raise ConfigError(f"serve.drafts={list(serving.drafts)} names none of this eval's drafts "

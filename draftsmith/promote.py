@@ -418,8 +418,9 @@ def _serving_champion(tx: RegistryTransaction, alias: str, production: dict | No
         why = (f"production moved to v{number} after this serving A/B measured "
                f"{'v' + str(served['version']) if served['version'] else served['path']}, and {why}")
     return None, None, (f"the {alias} draft v{number} was not measured in this serving A/B, so the candidate's serving "
-                        f"speedup at concurrency {level} cannot be compared with it ({why}): run eval again with "
-                        f"eval.compare_production=true and serve.engine=vllm, which measures the current "
+                        f"speedup at concurrency {level} cannot be compared with it ({why}): run eval and serve again "
+                        f"with eval.compare_production=true, serve.engine=vllm and serve.drafts naming production "
+                        f"(or [candidate], which serves it beside the candidate), which measures the current "
                         f"{alias} draft beside the candidate")
 
 

@@ -65,6 +65,22 @@ def test_a_renamed_key_fails_in_one_line_naming_its_new_name(monkeypatch, capsys
                    "serve.concurrency=[1,8] (the eval.serving.* keys were renamed serve.*)")
 
 
+def test_the_candidate_is_served_with_the_production_draft_beside_it():
+    """serve.drafts=[candidate]: the champion gate compares the candidate with production on the serving A/B, so
+    production is served beside it when the eval measured one (the drift recipe's retrain was refused for want
+    of it)."""
+    from types import SimpleNamespace
+
+    from draftsmith.pipeline import served_drafts
+
+    drafts = {"trained": "t", "base": "b", "production": "p"}
+    assert served_drafts(SimpleNamespace(drafts=["candidate"]), drafts) == {"trained": "t", "production": "p"}
+    assert served_drafts(SimpleNamespace(drafts=["candidate"]), {"trained": "t", "base": "b"}) == {"trained": "t"}
+    assert served_drafts(SimpleNamespace(drafts=["candidate"]), {"base": "b"}) == {"base": "b"}
+    assert served_drafts(SimpleNamespace(drafts=["trained"]), drafts) == {"trained": "t"}  # as named
+    assert served_drafts(SimpleNamespace(drafts=[]), drafts) == drafts
+
+
 def test_serving_drafts_and_k_choose_the_servers(pair, tmp_path, monkeypatch, capsys):  # noqa: F811
     fake = write_fake_python(tmp_path)
     run_cli(monkeypatch, serving_args(pair, tmp_path, "serve.engine=vllm", f"serve.python={fake}",

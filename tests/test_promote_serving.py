@@ -246,8 +246,9 @@ def test_champion_recorded_with_its_version_is_used_on_the_same_eval_set_and_set
     assert record["reasons"] == [
         "the production draft v1 was not measured in this serving A/B, so the candidate's serving speedup at "
         "concurrency 4 cannot be compared with it (v1's serving A/B ran with other settings "
-        "(serve.max_tokens)): run eval again with eval.compare_production=true and serve.engine=vllm, "
-        "which measures the current production draft beside the candidate"]
+        "(serve.max_tokens)): run eval and serve again with eval.compare_production=true, serve.engine=vllm and "
+        "serve.drafts naming production (or [candidate], which serves it beside the candidate), which measures the "
+        "current production draft beside the candidate"]
 
 
 def test_production_promoted_on_batch_1_is_not_compared_with_a_serving_speedup(job):
