@@ -201,6 +201,7 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     """torchrun with 2 CPU processes (gloo): both ranks take part, parameters stay identical, one output."""
     import dataclasses
     import os
+    import signal
     import subprocess
     import sys
 
@@ -210,9 +211,18 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold (one run of the
     # whole suite timed out here after 600 s, cause not found; alone the test takes ~11 s)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                           "draftsmith.train.trainer", str(path)], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # its own process group, killed whole on a timeout: subprocess.run's timeout kills torchrun only, and a hung
+    # rank outlived that one timeout by two hours
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "draftsmith.train.trainer", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
     out = tmp_path / "train"
     metrics = json.loads((out / "train_metrics.json").read_text())
     assert metrics["world_size"] == 2
