@@ -179,7 +179,8 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
                    draft_vocab: torch.Tensor | None = None, desc: Optional[str] = None) -> None:
     """One more pass of `cells` over every prompt: a warm-up, then per prompt one plain run and every cell's
     speculative run back to back, in the order of eval/order.py interleaved (rotated by prompt and pass, reversed
-    on every other prompt: no run always goes first or last, or before the plain one); each speculative run is paired with that prompt's plain run, so one plain run serves every cell (their
+    on every other prompt: no run always goes first or last, or before the plain one); each speculative run is
+    paired with that prompt's plain run, so one plain run serves every cell (their
     speedups share the baseline they are measured against, as they would on one machine at one moment).
 
     `cells`: one temperature and as many passes each (:func:`same_pass`); `drafts`: name -> model. The first pass

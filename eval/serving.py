@@ -135,8 +135,9 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
            log=print, levels: Optional[Levels] = None, passes: Optional[int] = None, into: Optional[dict] = None,
            warmup: bool = True, keep: bool = True) -> dict[str, Runs]:
     """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
-    side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into` {url: runs}: passes already taken (counted for the
-    rotation; with `keep` the new passes are added to them, else only the new passes are returned)."""
+    side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into`
+    {url: runs}: passes already taken (counted for the order; with `keep` the new passes are added to them, else
+    only the new passes are returned)."""
     from draftsmith.serve.errors import VllmError
 
     models = {u: served_model(u, key="serve.url" if is_spec else "serve.baseline_url") for u, is_spec, _ in sides}

@@ -330,15 +330,15 @@ def started_together(*servers: VllmServer):
     starting at once on one GPU mis-size each other's cache or fail with "No available memory for the cache
     blocks" (vllm-project/vllm#55827)."""
     started = []
-    one_by_one = any(getattr(getattr(srv, "spec", None), "device", "cpu") != "cpu" for srv in servers)
+    one_by_one = any(srv.spec.device != "cpu" for srv in servers)
     try:
         for srv in servers:
             srv.start()  # free_port never hands a port out twice: none of them has bound its own yet
             started.append(srv)
             if one_by_one:
                 srv.wait_healthy()
-        for srv in servers:
-            if not one_by_one:
+        if not one_by_one:
+            for srv in servers:
                 srv.wait_healthy()
         yield servers
     finally:

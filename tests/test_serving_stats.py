@@ -272,8 +272,10 @@ def test_a_schedule_that_falls_short_says_where_and_what_to_do():
     from draftsmith.eval.serving import track_schedule
     from draftsmith.eval.serving_stats import schedule_shortfall, summary_lines
 
-    static = [{**cell("t", 2, 1, 1.5), "speedup_ci95": [1.3, 1.7]}, {**cell("t", 2, 8, 0.85), "speedup_ci95": [0.75, 0.95]},
-              {**cell("t", 4, 16, 1.2), "speedup_ci95": [1.1, 1.3]}, {**cell("t", 2, 16, 0.9), "speedup_ci95": [0.8, 1.0]}]
+    static = [{**cell("t", 2, 1, 1.5), "speedup_ci95": [1.3, 1.7]},
+              {**cell("t", 2, 8, 0.85), "speedup_ci95": [0.75, 0.95]},
+              {**cell("t", 4, 16, 1.2), "speedup_ci95": [1.1, 1.3]},
+              {**cell("t", 2, 16, 0.9), "speedup_ci95": [0.8, 1.0]}]
     sched = {"draft": "t", "schedule": [[1, 2, 2], [3, 11, 0], [12, 16, 4]],
              "cells": [{**cell("t", None, 1, 1.4), "speedup_ci95": [1.2, 1.6]},
                        {**cell("t", None, 8, 0.69), "speedup_ci95": [0.52, 0.88]},   # off was best: K 0 is not off
