@@ -11,6 +11,7 @@ Prints one JSON document. On the same prompts (token ids) and K:
 
     python scripts/bench_serving.py                       # the demo target and a draft distilled from it
     python scripts/bench_serving.py --target DIR --draft DIR --k 2 4 --concurrency 1 2 4 8 16
+    python scripts/bench_serving.py --target DIR --draft cut=DIR eagle=DIR --heldout DATAGEN_DIR --k 1 2 --concurrency 1 8
 
 vLLM runs from --python (default: $DRAFTSMITH_VLLM_PYTHON, else ./.venv-vllm/bin/python; see README
 "Serving A/B on vLLM").
@@ -43,7 +44,13 @@ from draftsmith.eval.settings import ServingSettings  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="target model dir (default: the demo target)")
-    ap.add_argument("--draft", help="draft model dir (default: a draft distilled from the demo target)")
+    ap.add_argument("--draft", nargs="+", help="draft model dirs, each DIR or NAME=DIR (default: a draft distilled from "
+                    "the demo target); an EAGLE head's dir (train/eagle.py) is served as method eagle, and draftsmith's "
+                    "own loop is measured for the other drafts only")
+    ap.add_argument("--heldout", help="a datagen output: serve its held-out prompts (the pipeline's serve stage's) "
+                    "instead of the demo's text prompts")
+    ap.add_argument("--no-own-loop", action="store_true",
+                    help="skip timing draftsmith's loop (its plain greedy outputs are still the reference)")
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--prompts", type=int, default=32)
@@ -56,29 +63,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def own_loop(pair, prompts: list[torch.Tensor], k_grid: list[int], max_tokens: int) -> tuple[dict, list[list[int]]]:
-    """draftsmith's loop at batch 1: plain and speculative tokens/s per K (medians over prompts) and acceptance."""
-    autoregressive_generate(pair.target, prompts[0], max_new_tokens=8)  # warm-up
-    speculative_generate(pair.target, pair.draft, prompts[0], k=k_grid[0], max_new_tokens=8)
+def own_loop(target, drafts: dict, prompts: list[torch.Tensor], k_grid: list[int], max_tokens: int,
+             timed: bool = True) -> tuple[dict, list[list[int]]]:
+    """draftsmith's loop at batch 1: plain and speculative tokens/s per draft and K (medians over prompts) and
+    acceptance -> (result, the plain greedy outputs). `drafts`: name -> draft model (those the loop can run)."""
+    autoregressive_generate(target, prompts[0], max_new_tokens=8)  # warm-up
     plain_s, reference = [], []
     for prompt in prompts:
-        out = autoregressive_generate(pair.target, prompt, max_new_tokens=max_tokens)
+        out = autoregressive_generate(target, prompt, max_new_tokens=max_tokens)
         plain_s.append(out.stats.total_s)
         reference.append(out.sequences[0, prompt.shape[1]:].tolist())
     tokens = max_tokens * len(prompts)
-    result = {"plain_tokens_per_s": tokens / sum(plain_s), "per_k": {}}
-    for k in k_grid:
-        stats, spec_s, equal = [], [], True
-        for prompt, ref in zip(prompts, reference):
-            out = speculative_generate(pair.target, pair.draft, prompt, k=k, max_new_tokens=max_tokens)
-            stats.append(out.stats)
-            spec_s.append(out.stats.total_s)
-            equal &= out.sequences[0, prompt.shape[1]:].tolist() == ref
-        acc = acceptance_summary(k, stats)
-        result["per_k"][k] = {"spec_tokens_per_s": tokens / sum(spec_s), "speedup": sum(plain_s) / sum(spec_s),
-                              "acceptance_rate": acc["acceptance_rate"], "token_acceptance": acc["token_acceptance"],
-                              "outputs_equal_plain": equal}
+    result = {"plain_tokens_per_s": tokens / sum(plain_s), "per_draft": {}}
+    for name, draft in (drafts.items() if timed else ()):
+        speculative_generate(target, draft, prompts[0], k=k_grid[0], max_new_tokens=8)
+        per_k = result["per_draft"][name] = {}
+        for k in k_grid:
+            stats, spec_s, equal = [], [], True
+            for prompt, ref in zip(prompts, reference):
+                out = speculative_generate(target, draft, prompt, k=k, max_new_tokens=max_tokens)
+                stats.append(out.stats)
+                spec_s.append(out.stats.total_s)
+                equal &= out.sequences[0, prompt.shape[1]:].tolist() == ref
+            acc = acceptance_summary(k, stats)
+            per_k[k] = {"spec_tokens_per_s": tokens / sum(spec_s), "speedup": sum(plain_s) / sum(spec_s),
+                        "acceptance_rate": acc["acceptance_rate"], "token_acceptance": acc["token_acceptance"],
+                        "outputs_equal_plain": equal}
     return result, reference
+
+
+def named_drafts(specs: list[str]) -> dict[str, str]:
+    """``DIR`` or ``NAME=DIR`` arguments -> {name: dir} (a bare DIR is named "draft", then "draft2", ...)."""
+    out = {}
+    for i, spec in enumerate(specs):
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        out[name or ("draft" if i == 0 else f"draft{i + 1}")] = path
+    return out
 
 
 def median_serving(runs: list[dict]) -> dict:
@@ -109,46 +129,58 @@ def main(argv=None) -> dict:
         from draftsmith.demo import build_demo_draft, build_demo_target
 
         target = str(build_demo_target(log=lambda m: print(m, file=sys.stderr)))
-        draft = args.draft or str(build_demo_draft(Path(target), log=lambda m: print(m, file=sys.stderr)))
+        drafts = named_drafts(args.draft or [str(build_demo_draft(Path(target), log=lambda m: print(m, file=sys.stderr)))])
     else:
-        target, draft = args.target, args.draft
+        target, drafts = args.target, named_drafts(args.draft or [])
+    if not drafts:
+        raise SystemExit("bench_serving.py: --draft DIR (or NAME=DIR ...) is needed with --target")
+    from draftsmith.decode.pair import load_model, load_tokenizer
     from draftsmith.demo import demo_prompts
+    from draftsmith.eval.runner import heldout_prompts
+    from draftsmith.serve.server import speculative_method
 
-    pair = load_pair(target, draft, dtype="float32", device="cpu")
-    prompts = demo_prompts(pair.tokenizer, args.prompts, args.prompt_tokens, seed=0)
+    target_model, tokenizer = load_model(target, "target", "float32"), load_tokenizer(target, "target")
+    loop_drafts = {name: load_pair(target, path, dtype="float32", device="cpu").draft
+                   for name, path in drafts.items() if speculative_method(path) == "draft_model"}
+    prompts = (heldout_prompts(args.heldout, args.prompts) if args.heldout
+               else demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=0))
     started = time.time()
-    own, reference = own_loop(pair, prompts, args.k, args.max_tokens)
-    del pair
+    own, reference = own_loop(target_model, loop_drafts, prompts, args.k, args.max_tokens, timed=not args.no_own_loop)
+    del target_model, loop_drafts
     settings = ServingSettings(engine="vllm", concurrency=list(args.concurrency), max_tokens=args.max_tokens,
                                max_prompts=args.prompts, python=args.python)
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-serving-"))
     runs = []
     for repeat in range(args.repeats):
-        runs.append(run_serving_ab(settings, target=target, drafts={"draft": draft}, k=list(args.k),
+        runs.append(run_serving_ab(settings, target=target, drafts=drafts, k=list(args.k),
                                    prompts=[p[0].tolist() for p in prompts],
                                    out_dir=out / f"run{repeat}" if args.repeats > 1 else out, reference=reference,
                                    log=lambda m: print(m, file=sys.stderr)))
     serving = median_serving(runs)
-    table = [{"k": c["k"], "concurrency": c["concurrency"], "speedup": c["speedup"],
+    table = [{"draft": c.get("draft"), "k": c["k"], "concurrency": c["concurrency"], "speedup": c["speedup"],
               "spec_tokens_per_s": c["spec"]["output_tokens_per_s"], "plain_tokens_per_s": c["plain"]["output_tokens_per_s"],
               "spec_ttft_ms_p50": c["spec"]["ttft_ms_p50"], "plain_ttft_ms_p50": c["plain"]["ttft_ms_p50"],
               "spec_tpot_ms_p50": c["spec"]["tpot_ms_p50"], "plain_tpot_ms_p50": c["plain"]["tpot_ms_p50"],
               "vllm_acceptance_rate": c["acceptance_rate"], "outputs_equal": c["outputs_equal"],
               "equal_to_draftsmith": c.get("spec_equals_reference"), "speedup_per_run": c.get("speedup_per_run")}
              for c in serving["cells"]]
-    at_1 = {c["k"]: c for c in serving["cells"] if c["concurrency"] == min(args.concurrency)}
+    lowest = min(args.concurrency)
+    at_1 = {(c.get("draft"), c["k"]): c for c in serving["cells"] if c["concurrency"] == lowest}
+    loop = own["per_draft"]
     report = {
-        "target": target, "draft": draft, "settings": vars(args), "machine": platform.machine(),
+        "target": target, "drafts": drafts, "methods": {n: speculative_method(p) for n, p in drafts.items()},
+        "settings": vars(args), "machine": platform.machine(),
         "threads": torch.get_num_threads(), "vllm": serving["vllm"], "seconds": time.time() - started,
         "serving_cells": table, "boundary": serving["boundary"],
         "draftsmith_loop_batch1": own,
-        "acceptance_vllm_vs_draftsmith": {k: {"vllm": at_1[k]["acceptance_rate"] if k in at_1 else None,
-                                              "draftsmith": own["per_k"][k]["acceptance_rate"]} for k in args.k},
+        "acceptance_vllm_vs_draftsmith": {
+            f"{n}/k{k}": {"vllm": at_1[(n, k)]["acceptance_rate"] if (n, k) in at_1 else None,
+                          "draftsmith": loop[n][k]["acceptance_rate"]} for n in loop for k in args.k},
         "draftsmith_vs_vllm_at_lowest_concurrency": {
             "plain": own["plain_tokens_per_s"] / statistics.median(c["plain"]["output_tokens_per_s"]
                                                                    for c in at_1.values()),
-            **{f"spec_k{k}": own["per_k"][k]["spec_tokens_per_s"] / at_1[k]["spec"]["output_tokens_per_s"]
-               for k in args.k if k in at_1}},
+            **{f"{n}/k{k}": loop[n][k]["spec_tokens_per_s"] / at_1[(n, k)]["spec"]["output_tokens_per_s"]
+               for n in loop for k in args.k if (n, k) in at_1}},
         "out_dir": str(out),
     }
     print(json.dumps(report, indent=2, default=str))

