@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--w-reg", type=float, default=1.0, help="weight of the smooth-L1 feature regression term "
                     "(EAGLE-1: 10x the cross-entropy's)")
+    ap.add_argument("--second", type=float, default=0.0, help="weight of the second proposal's cross-entropy "
+                    "(0: EAGLE-1's loss; 1: trained as a K=2 round makes it)")
     ap.add_argument("--head", type=int, default=8192, help="the draft vocabulary (0: the full head)")
     ap.add_argument("--init-layer", type=int, default=-1, help="the target layer the EAGLE layer starts from")
     ap.add_argument("--eval-every", type=int, default=100)
@@ -146,7 +148,7 @@ def main() -> None:
             perm, at = torch.randperm(len(ftrain), generator=g).tolist(), 0
         batch = shifted([ftrain[i] for i in perm[at:at + args.batch]])
         at += args.batch
-        loss, parts = eagle_loss(head, batch, emb_w, head_w, args.w_reg)
+        loss, parts = eagle_loss(head, batch, emb_w, head_w, args.w_reg, args.second)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -157,7 +159,7 @@ def main() -> None:
                  s_per_step=round((time.perf_counter() - t0) / step, 3), **evaluate(step))
     if args.save:
         save_eagle(args.save, head, source=args.data, target=args.target, steps=args.steps, lr=args.lr,
-                   w_reg=args.w_reg, train_rows=len(ftrain))
+                   w_reg=args.w_reg, second=args.second, train_rows=len(ftrain))
         emit(stage="saved", path=args.save)
 
 

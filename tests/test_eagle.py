@@ -178,3 +178,29 @@ def test_training_on_features_raises_agreement_with_the_target(target):
         opt.step()
     assert parts["ce"] > 0 and parts["reg"] >= 0
     assert agreement() > max(0.8, before + 0.3)
+
+
+def test_the_second_proposal_term_is_the_cross_entropy_of_second(target):
+    """eagle_loss(second=w) adds w x the soft cross-entropy of EagleHead.second fed the head's own outputs, at
+    every real slot but the first, and its gradient reaches the head through both passes."""
+    gen = torch.Generator().manual_seed(1)
+    rows = [(torch.randint(4, 64, (3,), generator=gen).tolist(), torch.randint(4, 64, (5,), generator=gen).tolist())
+            for _ in range(3)]
+    s = shifted(target_features(target, rows))
+    emb_w, head_w = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    head = randomised(EagleHead(target), seed=6)
+    base, parts0 = eagle_loss(head, s, emb_w, head_w, w_reg=0.5)
+    both, parts = eagle_loss(head, s, emb_w, head_w, w_reg=0.5, second=2.0)
+    emb = F.embedding(s.next_ids, emb_w)
+    out, kv = head(emb, s.h, s.pos)
+    own = torch.zeros_like(out)
+    own[:, 1:] = out[:, :-1]
+    out2 = head.second(emb, own, s.pos, kv)
+    mask = s.valid.clone()
+    mask[:, 0] = False
+    teacher = torch.softmax(s.h_next[mask] @ head_w.T, -1)
+    ce2 = -(teacher * torch.log_softmax(out2[mask] @ head_w.T, -1)).sum(-1).mean()
+    torch.testing.assert_close(both, base + 2.0 * ce2)
+    assert parts["ce2"] == pytest.approx(float(ce2)) and "ce2" not in parts0
+    both.backward()
+    assert head.fc.grad is not None and head.fc.grad.abs().sum() > 0

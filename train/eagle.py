@@ -246,16 +246,29 @@ def shifted(items: list[dict]) -> Shifted:
 
 
 def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.Tensor,
-               w_reg: float = 0.1) -> tuple[torch.Tensor, dict]:
+               w_reg: float = 1.0, second: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The head's training loss on a :class:`Shifted` batch -> (loss, parts).
 
     Soft cross-entropy to the target's distribution at t+1 over the rows of `head_w` (the target's head, or its
     rows on the draft vocabulary: the target's distribution renormalised there), plus `w_reg` x smooth-L1 of the
-    head's output against h_{t+1} (EAGLE's feature regression), at every real slot."""
-    out, _ = head(F.embedding(s.next_ids, emb_w), s.h, s.pos)
-    logp = torch.log_softmax(out[s.valid] @ head_w.T, dim=-1)
+    head's output against h_{t+1} (EAGLE's feature regression), at every real slot. With `second` > 0, plus
+    `second` x the same cross-entropy of the second proposal (:meth:`EagleHead.second`, reading the head's own
+    output at the slot before, gradients flowing through it): the proposal a K >= 2 round makes, trained where it
+    is made rather than hoped for from the regression alone (HASS, EAGLE-3's training-time test)."""
+    emb = F.embedding(s.next_ids, emb_w)
+    out, kv = head(emb, s.h, s.pos)
     with torch.no_grad():
         teacher = torch.softmax(s.h_next[s.valid] @ head_w.T, dim=-1)
-    ce = -(teacher * logp).sum(-1).mean()
+    ce = -(teacher * torch.log_softmax(out[s.valid] @ head_w.T, dim=-1)).sum(-1).mean()
     reg = F.smooth_l1_loss(out[s.valid], s.h_next[s.valid])
-    return ce + w_reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach())}
+    loss, parts = ce + w_reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach())}
+    if second > 0:
+        own = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot t+1 reads the output at t
+        out2 = head.second(emb, own, s.pos, kv)
+        later = s.valid.clone()
+        later[:, 0] = False  # slot 0 has no slot before it
+        teacher2 = torch.softmax(s.h_next[later] @ head_w.T, dim=-1)
+        ce2 = -(teacher2 * torch.log_softmax(out2[later] @ head_w.T, dim=-1)).sum(-1).mean()
+        loss = loss + second * ce2
+        parts["ce2"] = float(ce2.detach())
+    return loss, parts
