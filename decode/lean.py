@@ -265,6 +265,10 @@ class LeanModel:
         self.forwards = 0
         self.length = 0
         self.capacity = 0
+        # True: each forward also keeps the post-norm hidden states of every position it ran in ``features``
+        # [T, H] (what an EAGLE head reads: decode/loop.py eagle_generate)
+        self.keep_features = False
+        self.features: torch.Tensor | None = None
         self._allocate(max(int(capacity), 16))
 
     def _allocate(self, capacity: int) -> None:
@@ -355,5 +359,9 @@ class LeanModel:
         self.length = end
         self.forwards += 1
         head = self._block_linear(keep, "head")
+        if self.keep_features:
+            normed = _rms_norm(h, *self.norm)
+            self.features = normed[0]  # [T, H]
+            return head(normed[:, -keep:], *self.head)[0]
         return head(_rms_norm(h[:, -keep:], *self.norm), *self.head)[0]  # [keep, V] (or [keep, len(rows)])
 

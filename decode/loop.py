@@ -253,3 +253,123 @@ def speculative_generate(
     stats.target_forwards, stats.draft_forwards = tgt.forwards, dft.forwards
     tail = buf[:, n_prompt:n].to(input_ids.dtype)
     return GenerateOutput(sequences=torch.cat([input_ids, tail], dim=1), stats=stats)
+
+
+@torch.inference_mode()
+def eagle_generate(
+    target: torch.nn.Module,
+    head,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    k: int = 1,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    draft_vocab: torch.Tensor | None = None,
+) -> GenerateOutput:
+    """Speculative decoding of `target` with an EAGLE-1 head (decode/eagle.py ``EagleHead``) proposing `k` tokens.
+
+    Same arguments, output and guarantees as :func:`speculative_generate` (greedy output equals the target's own;
+    sampling is distributed as the target's), with `head` in place of a draft model. The target runs on the lean
+    forward (Llama-family models), which hands back its post-norm features at the positions it ran.
+
+    Bookkeeping, with n tokens known at a round's start (the target cache holds n-1 positions, so its features
+    h_0 .. h_{n-2} are known): slot t of the head's cache holds (x_{t+1}, h_t) from a real feature; the round first
+    feeds the real slots not yet in it (len(head cache) .. n-2), whose last output proposes d_1 = x_n; proposal
+    i+1 reads (d_i, the head's own output at the slot before), the K-1 speculative slots; the target verifies
+    [x_{n-1}, d_1 .. d_K] in one forward, returning h_{n-1} .. h_{n-1+K}; the head's cache is cropped back to its
+    real slots (n-1) and the features of the accepted positions (h_{n-1} .. h_{n-1+a}) wait for the next round.
+    ``stats.draft_backend`` is "eagle"; the in-loop costs are recorded as for a draft model.
+    """
+    from draftsmith.decode.eagle import EagleRunner
+    from draftsmith.decode.lean import LeanModel, lean_unsupported, unsupported_error
+
+    check_sampling_args(temperature, top_p, top_k)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+    reason = lean_unsupported(target)
+    if reason is not None:
+        raise unsupported_error(reason)
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    device = prompt.device
+    eos = _eos_tensor(eos_token_id, device)
+    greedy = temperature == 0
+    n_prompt = prompt.shape[1]
+    capacity = n_prompt + max(max_new_tokens, 0) + k + 1
+    tgt = LeanModel(target, capacity=capacity)
+    tgt.keep_features = True
+    width = logit_width(target)
+    dft = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight, capacity,
+                      vocab=draft_vocab)
+    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
+                             overlap_sum=None if greedy else 0.0, backend="lean", draft_backend="eagle")
+    buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
+    buf[:, :n_prompt] = prompt
+    n = n_prompt
+
+    timed = device.type != "cuda"
+    start = _clock(device)
+    finished = max_new_tokens <= 0
+    pending = None  # features h_{len(dft)} .. h_{n-2}: the real slots the head has not read yet
+    if not finished:
+        logits = tgt.forward(buf[:, :n], keep=1)[-1, :width]
+        pending = tgt.features  # [P, H]: h_0 .. h_{P-1}
+        buf[0, n] = _next_token(logits, temperature, top_k, top_p, generator)
+        n += 1
+        stats.prefill_s = stats.ttft_s = _clock(device) - start
+        finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
+
+    while not finished:
+        k_r = min(k, n_prompt + max_new_tokens - n - 1)
+        q_rows = []
+        round_start = time.perf_counter() if timed else 0.0
+        if k_r:
+            hidden = dft.forward(buf[0, len(dft) + 1 : n], pending)[-1:]  # real slots; the last proposes x_n
+            for i in range(k_r):
+                if i:  # a speculative slot: (d_i, the head's own output at the slot before)
+                    hidden = dft.forward(buf[0, n + i - 1 : n + i], hidden)
+                logits = dft.logits(hidden)[-1, :width]
+                if greedy:
+                    buf[0, n + i] = logits.argmax(-1)
+                else:
+                    q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
+                    buf[0, n + i] = sample(q_rows[-1], generator)
+        drafted_at = time.perf_counter() if timed else 0.0
+        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # [k_r+1, V]
+        feats = tgt.features  # h_{n-1} .. h_{n-1+k_r}
+        verified_at = time.perf_counter() if timed else 0.0
+        drafts = buf[0, n : n + k_r]
+        if greedy:
+            n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
+        else:
+            p = logits_to_probs(p_logits, temperature, top_k, top_p)
+            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))
+            n_acc, nxt = verify_sampling(drafts, q, p, generator)
+            stats.overlap_sum += float(expected_acceptance(p[:k_r], q).sum()) if k_r else 0.0
+        buf[0, n + n_acc] = nxt
+
+        n_new = n_acc + 1
+        eos_at = _first_eos(buf[0, n : n + n_new], eos)
+        if eos_at >= 0:
+            n_new, finished = eos_at + 1, True
+        stats.record_round(k_r, n_acc, n_new)
+        tgt.crop(n + n_acc)
+        if k_r:
+            dft.crop(n - 1)  # its real slots 0 .. n-2; the speculative ones go
+            pending = feats[: n_acc + 1]
+        else:
+            pending = torch.cat([pending, feats[:1]])
+        n += n_new
+        finished = finished or n - n_prompt >= max_new_tokens
+        if timed and stats.rounds > 1 and k_r == k:
+            stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, time.perf_counter() - round_start)
+
+    stats.total_s = _clock(device) - start
+    stats.new_tokens = n - n_prompt
+    stats.target_forwards, stats.draft_forwards = tgt.forwards, dft.forwards
+    tail = buf[:, n_prompt:n].to(input_ids.dtype)
+    return GenerateOutput(sequences=torch.cat([input_ids, tail], dim=1), stats=stats)

@@ -30,7 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from draftsmith.train.eagle import EagleHead, eagle_loss, save_eagle, shifted, target_features
+from draftsmith.decode.eagle import EagleHead, save_eagle
+from draftsmith.train.eagle import eagle_loss, shifted, target_features
 
 
 def emit(**fields) -> None:

@@ -122,7 +122,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def speculative_method(draft: str | Path) -> str:
     """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "eagle" for an EAGLE-1 head (its
-    config.json names an ``Eagle...ForCausalLM`` architecture: train/eagle.py writes one; it reads the target's
+    config.json names an ``Eagle...ForCausalLM`` architecture: decode/eagle.py save_eagle writes one; it reads the target's
     hidden states, and vLLM shares the target's embedding and head with it), "eagle3" for ``Eagle3...``, and
     "draft_model" (a separate small model) for anything else, a hub id or an unreadable config included (vLLM
     then says what is wrong with it)."""

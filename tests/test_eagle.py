@@ -1,6 +1,7 @@
-"""The EAGLE-1 head (train/eagle.py): its arithmetic is a Llama decoder layer's as vLLM runs it, its second
-proposal reads its own output where a decode round does, its checkpoint is vLLM's layout, and serving picks
-``method: eagle`` for it."""
+"""The EAGLE-1 head (decode/eagle.py, trained by train/eagle.py): its arithmetic is a Llama decoder layer's as vLLM
+runs it, its second proposal reads its own output where a decode round does, its checkpoint is vLLM's layout,
+serving picks ``method: eagle`` for it, and the decode loop driving it (decode/loop.py ``eagle_generate``) keeps
+the target's greedy output and its sampling distribution."""
 
 import copy
 import json
@@ -11,9 +12,11 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from conftest import make_model
+from draftsmith.decode import autoregressive_generate
+from draftsmith.decode.eagle import EAGLE_ARCH, EagleHead, EagleRunner, is_eagle_dir, load_eagle, save_eagle
+from draftsmith.decode.loop import eagle_generate
 from draftsmith.serve.server import ServerSpec, speculative_config, speculative_method
-from draftsmith.train.eagle import (EAGLE_ARCH, EagleHead, eagle_loss, is_eagle_dir, load_eagle, save_eagle,
-                                    shifted, target_features)
+from draftsmith.train.eagle import eagle_loss, shifted, target_features
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +207,110 @@ def test_the_second_proposal_term_is_the_cross_entropy_of_second(target):
     assert parts["ce2"] == pytest.approx(float(ce2.detach())) and "ce2" not in parts0
     both.backward()
     assert head.fc.grad is not None and head.fc.grad.abs().sum() > 0
+
+
+# -- the head in the decode loop ---------------------------------------------------------------------
+def trained_head(target, steps=300, seed=0):
+    """A head trained on `target`'s own greedy continuations of random prompts: it agrees often, so the loop's
+    acceptance paths (partial and full acceptance, the bonus token) all run."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(12):
+        prompt = torch.randint(4, target.config.vocab_size, (1, 4), generator=gen)
+        out = autoregressive_generate(target, prompt, max_new_tokens=10)
+        rows.append((prompt[0].tolist(), out.sequences[0, 4:].tolist()))
+    s = shifted(target_features(target, rows))
+    emb_w, head_w = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    head = EagleHead(target)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        loss, _ = eagle_loss(head, s, emb_w, head_w, w_reg=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def good_head(target):
+    return trained_head(target)
+
+
+def test_the_runner_computes_the_heads_forward_incrementally(target):
+    """Slots fed in blocks and one at a time, with a crop and a re-feed, give EagleHead.forward's outputs."""
+    head = randomised(EagleHead(target), seed=7)
+    emb, h, pos = inputs(target, b=1, t=9, seed=8)
+    ids = torch.randint(4, target.config.vocab_size, (9,), generator=torch.Generator().manual_seed(9))
+    emb = F.embedding(ids, target.model.embed_tokens.weight).unsqueeze(0)
+    want, _ = head(emb, h, pos)
+    runner = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, capacity=4)  # grows
+    with torch.no_grad():
+        a = runner.forward(ids[:5], h[0, :5])
+        runner.forward(ids[5:7], h[0, 5:7] + 1.0)  # a wrong guess, rolled back
+        runner.crop(5)
+        b = runner.forward(ids[5:6], h[0, 5:6])
+        c = runner.forward(ids[6:], h[0, 6:])
+    torch.testing.assert_close(torch.cat([a, b, c]), want[0], rtol=1e-5, atol=1e-5)
+    assert len(runner) == 9 and runner.forwards == 4
+    logits = runner.logits(c)
+    torch.testing.assert_close(logits, c @ target.lm_head.weight.T)
+    vocab = torch.tensor([4, 9, 17, 30])
+    sub = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, 16, vocab=vocab).logits(c)
+    assert torch.isinf(sub[:, 5]).all() and torch.equal(sub[:, vocab], logits[:, vocab])
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_output_equals_the_targets_own(target, good_head, k):
+    gen = torch.Generator().manual_seed(100 + k)
+    accepted = 0
+    for _ in range(4):
+        prompt = torch.randint(4, target.config.vocab_size, (1, 5), generator=gen)
+        want = autoregressive_generate(target, prompt, max_new_tokens=20).sequences
+        out = eagle_generate(target, good_head, prompt, k=k, max_new_tokens=20)
+        assert torch.equal(out.sequences, want)
+        assert out.stats.new_tokens == 20 and out.stats.draft_backend == "eagle"
+        accepted += sum(out.stats.accepted_per_position)
+    assert accepted > 0  # the head proposes what the target says: acceptance paths ran
+
+
+def test_greedy_with_a_random_head_a_draft_vocabulary_and_eos(target):
+    """A head that agrees with nothing, a reduced draft vocabulary and an EOS stop: still the target's output."""
+    head = randomised(EagleHead(target), seed=11)
+    prompt = torch.tensor([[5, 9, 13, 2, 40]])
+    want = autoregressive_generate(target, prompt, max_new_tokens=16).sequences
+    vocab = torch.arange(4, 40)
+    for k in (1, 3):
+        assert torch.equal(eagle_generate(target, head, prompt, k=k, max_new_tokens=16, draft_vocab=vocab).sequences,
+                           want)
+    eos = int(want[0, 5 + 6])  # the 7th new token: decoding stops there
+    want_eos = autoregressive_generate(target, prompt, max_new_tokens=16, eos_token_id=eos).sequences
+    got = eagle_generate(target, head, prompt, k=2, max_new_tokens=16, eos_token_id=eos).sequences
+    assert torch.equal(got, want_eos) and got.shape[1] <= 5 + 7
+    assert eagle_generate(target, head, prompt, k=2, max_new_tokens=1).sequences.shape[1] == 6
+
+
+def test_a_target_the_lean_forward_does_not_cover_is_refused(good_head):
+    from draftsmith.artifacts.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        eagle_generate(make_model("gpt2", layers=1), good_head, torch.tensor([[5, 6, 7]]), k=1, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sampling_follows_the_targets_distribution(k):
+    """Rejection sampling with the head's q: the joint of the first three new tokens on an 8-token Llama target is
+    the target's (chi-square, as tests/test_sampling_distribution.py, whose power test covers this statistic)."""
+    from test_sampling_distribution import PROMPT, chi_square_p, exact_first, pair, sample_first
+
+    small = make_model("llama", seed=3, layers=1, hidden=16, vocab_size=8)
+    with torch.no_grad():
+        small.lm_head.weight.mul_(0.15)  # soft: every token has mass
+    head = trained_head(small, steps=60, seed=2)
+    exact = exact_first(small, PROMPT, 1.0, 0, 1.0)
+    counts, stats = sample_first(lambda g: eagle_generate(small, head, PROMPT, k=k, max_new_tokens=k + 2,
+                                                          temperature=1.0, generator=g), n=3000, seed=0)
+    assert all(s.drafted_per_position[k - 1] == 1 for s in stats)
+    assert sum(s.accepted_per_position[0] for s in stats) > 300  # the head's tokens are often kept
+    assert chi_square_p(counts, exact) > 1e-3
+    # the pairs (t1, t2) and (t2, t3): near-uniform here, so chi-square (a TV bound would sit at the noise floor)
+    assert chi_square_p(pair(counts, 0), pair(exact, 0)) > 1e-3 and chi_square_p(pair(counts, 1), pair(exact, 1)) > 1e-3

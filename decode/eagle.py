@@ -1,0 +1,235 @@
+"""An EAGLE-1 draft head and the speculative loop that drives it: a draft that reads the target's own features.
+
+EAGLE (Li et al. 2024) predicts token t+2 from the token t+1 and the target's feature at t: ``fc(cat(embed(x_{t+1}),
+h_t))`` -> one Llama decoder layer whose input norm is the identity -> ``hidden + residual`` -> the target's lm_head,
+with no final norm. h_t is the target's last hidden state *after* its final norm (what a Llama forward hands its
+head, and what vLLM hands its EAGLE proposer). The embedding and the head are the target's (vLLM shares them when
+the checkpoint has none), so the draft's own weights are one layer and ``fc``: a few percent of the target.
+
+The head's arithmetic and its on-disk form are exactly vLLM 0.32's ``EagleLlamaForCausalLM``
+(vllm/model_executor/models/llama_eagle.py), so that a head trained here (train/eagle.py) is served by
+``--speculative-config '{"method": "eagle", "model": DIR, ...}'`` (serve/server.py reads the method from the
+checkpoint's config):
+
+- :class:`EagleHead`: the layer (``forward``: every position reads a real feature, as in training and in a decode
+  round's first proposal; ``second``: each position reads the head's own previous output instead, the keys and
+  values of earlier positions staying those of real features, as in a round's second proposal);
+- :func:`save_eagle` / :func:`load_eagle` / :func:`is_eagle_dir`: the checkpoint directory (``config.json`` +
+  ``model.safetensors``, vLLM's weight names).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+EAGLE_ARCH = "EagleLlamaForCausalLM"
+WEIGHTS = "model.safetensors"
+_LAYER = "layers.0."
+_NAMES = {  # attribute -> vLLM's checkpoint name
+    "fc": "fc.weight", "q": _LAYER + "self_attn.q_proj.weight", "k": _LAYER + "self_attn.k_proj.weight",
+    "v": _LAYER + "self_attn.v_proj.weight", "o": _LAYER + "self_attn.o_proj.weight",
+    "post_norm": _LAYER + "post_attention_layernorm.weight", "gate": _LAYER + "mlp.gate_proj.weight",
+    "up": _LAYER + "mlp.up_proj.weight", "down": _LAYER + "mlp.down_proj.weight",
+}
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class EagleHead(torch.nn.Module):
+    """fc + one Llama decoder layer over (embedding, target feature) -> hidden [B, T, H] for the target's head.
+
+    Built from a Llama-family target (its config and rotary embedding; a decoder layer of it to start from,
+    `init_layer`). The start: ``fc = [0 | I]`` and the layer's two residual writes (o_proj, down_proj) at a tenth
+    of the source layer's, so that the head starts near h_t itself (its logits on the target's scale: there is
+    no final norm) and learns the step from there.
+    """
+
+    def __init__(self, target: torch.nn.Module, init_layer: int = -1):
+        super().__init__()
+        cfg = target.config
+        self.config = cfg
+        self.h, self.nh, self.nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd = getattr(cfg, "head_dim", None) or self.h // self.nh
+        self.eps = cfg.rms_norm_eps
+        self.rotary = target.model.rotary_emb
+        src = target.model.layers[init_layer % cfg.num_hidden_layers]
+        a, m = src.self_attn, src.mlp
+
+        def copy(module, scale: float = 1.0):
+            return torch.nn.Parameter(module.weight.detach().clone() * scale)
+
+        self.fc = torch.nn.Parameter(torch.cat([torch.zeros(self.h, self.h), torch.eye(self.h)], dim=1))
+        self.q, self.k, self.v, self.o = copy(a.q_proj), copy(a.k_proj), copy(a.v_proj), copy(a.o_proj, 0.1)
+        self.post_norm = copy(src.post_attention_layernorm)
+        self.gate, self.up, self.down = copy(m.gate_proj), copy(m.up_proj), copy(m.down_proj, 0.1)
+
+    # -- the arithmetic ------------------------------------------------------------------------------
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor):
+        b, t, _ = x.shape
+        cos, sin = self.rotary(x, pos)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = F.linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = F.linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = F.linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        rep = self.nh // self.nkv
+        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
+    def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attn.shape
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
+        y = _rms(x, self.post_norm, self.eps)
+        return x + F.linear(F.silu(F.linear(y, self.gate)) * F.linear(y, self.up), self.down)
+
+    def forward(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
+        """`emb` [B, T, H] (embeddings of x_{t+1}), `h` [B, T, H] (the target's features h_t), `pos` [B, T]
+        -> (hidden [B, T, H], (k, v) of every position, for :meth:`second`). Causal over the T positions."""
+        x = F.linear(torch.cat([emb, h], dim=-1), self.fc)
+        q, k, v = self._qkv(x, pos)
+        return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True)), (k, v)
+
+    def second(self, emb: torch.Tensor, h_own: torch.Tensor, pos: torch.Tensor, kv) -> torch.Tensor:
+        """Each position i reads `h_own[i]` (the head's own output at i-1) in place of a target feature; the keys
+        and values of positions < i are :meth:`forward`'s `kv` (real features), its own are its own ->
+        hidden [B, T, H]: what a decode round's second proposal computes at every position at once."""
+        x = F.linear(torch.cat([emb, h_own], dim=-1), self.fc)
+        q, k2, v2 = self._qkv(x, pos)
+        k1, v1 = kv
+        t = q.shape[2]
+        scale = 1.0 / math.sqrt(self.hd)
+        before = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(-1)
+        s = (q @ k1.transpose(-1, -2) * scale).masked_fill(~before, float("-inf"))
+        own = (q * k2).sum(-1, keepdim=True) * scale
+        p = torch.softmax(torch.cat([s, own], dim=-1), dim=-1)
+        return self._finish(x, p[..., :t] @ v1 + p[..., t:] * v2)
+
+    # -- the checkpoint ------------------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The head's weights under vLLM's checkpoint names (no embed_tokens / lm_head: the target's are shared)."""
+        return {name: getattr(self, attr).detach().contiguous() for attr, name in _NAMES.items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        missing = [n for n in _NAMES.values() if n not in weights]
+        if missing:
+            raise ValueError(f"an EAGLE checkpoint lacks {missing}")
+        with torch.no_grad():
+            for attr, name in _NAMES.items():
+                getattr(self, attr).copy_(weights[name])
+
+
+def eagle_config(target_config) -> dict:
+    """config.json of an EAGLE head for `target_config`: the target's Llama config with one layer, the head's
+    architecture, and the target's vocabulary (its embedding and head are shared, not stored)."""
+    cfg = target_config.to_dict()
+    cfg.update(architectures=[EAGLE_ARCH], num_hidden_layers=1, tie_word_embeddings=False)
+    for key in ("layer_types", "_name_or_path", "quantization_config"):
+        cfg.pop(key, None)
+    return cfg
+
+
+def save_eagle(out_dir: str | Path, head: EagleHead, **info) -> Path:
+    """Write `head` at `out_dir` (config.json + model.safetensors, vLLM's layout) and ``draftsmith_eagle.json``
+    (`info`: how it was trained), each atomically; -> out_dir."""
+    from safetensors.torch import save_file
+
+    from draftsmith.artifacts import write_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(head.weights(), str(tmp))
+    tmp.replace(out / WEIGHTS)
+    write_json(out / "config.json", eagle_config(head.config))
+    write_json(out / "draftsmith_eagle.json", {"kind": "eagle", **info})
+    return out
+
+
+def is_eagle_dir(path: str | Path) -> bool:
+    """Whether `path` holds a checkpoint this module loads: its config.json names :data:`EAGLE_ARCH`."""
+    import json
+
+    try:
+        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return EAGLE_ARCH in archs
+
+
+def load_eagle(path: str | Path, target: torch.nn.Module) -> EagleHead:
+    """The head saved at `path` by :func:`save_eagle`, for `target`."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not is_eagle_dir(path):
+        raise ValueError(f"{path} is not an EAGLE head's checkpoint (no config.json naming {EAGLE_ARCH}); "
+                         "write one with draftsmith.train.eagle.save_eagle")
+    head = EagleHead(target)
+    head.load_weights(load_file(str(path / WEIGHTS)))
+    return head
+
+
+# -- the head in a decode loop ----------------------------------------------------------------------
+class EagleRunner:
+    """An :class:`EagleHead` with its own KV cache for one decode: the draft side of :func:`eagle_generate`.
+
+    Slot t of the cache holds the pair (x_{t+1}, h_t). ``forward(tokens [T], feats [T, H])`` appends T slots and
+    returns the head's hidden states at them [T, H]; ``logits(hidden [T, H])`` scores them with the target's head
+    (only the rows of `vocab` when given: logits over the full `width`, -inf elsewhere, as decode/vocab.py's
+    reduced heads do); ``crop(length)`` rolls the cache back. The same arithmetic as ``EagleHead.forward`` over the
+    whole sequence (tests/test_eagle.py).
+    """
+
+    def __init__(self, head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, capacity: int,
+                 vocab: torch.Tensor | None = None):
+        self.head, self.embed, self.width = head, embed, lm_head.shape[0]
+        self.vocab = vocab
+        self.rows = lm_head if vocab is None else lm_head[vocab]
+        shape = (1, head.nh, capacity, head.hd)
+        self.k = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
+        self.v = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
+        self.length = 0
+        self.forwards = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def forward(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        head = self.head
+        t, start = tokens.shape[0], self.length
+        end = start + t
+        if end > self.k.shape[2]:
+            extra = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
+            pad = self.k.new_zeros((1, head.nh, extra, head.hd))
+            self.k, self.v = torch.cat([self.k, pad], 2), torch.cat([self.v, pad.clone()], 2)
+        x = F.linear(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1), head.fc).unsqueeze(0)  # [1, T, H]
+        q, k, v = head._qkv(x, torch.arange(start, end, device=x.device).unsqueeze(0))
+        self.k[:, :, start:end], self.v[:, :, start:end] = k, v
+        mask = None
+        if t > 1:
+            keys = torch.arange(end, device=x.device)
+            mask = keys[None, :] <= keys[start:, None]  # query i sees keys 0 .. start + i
+        attn = F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask)
+        self.length = end
+        self.forwards += 1
+        return head._finish(x, attn)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's head over `hidden` [T, H] -> logits [T, width] (-inf outside `vocab` when given)."""
+        from draftsmith.decode.vocab import scatter_logits
+
+        sub = hidden @ self.rows.T
+        return sub if self.vocab is None else scatter_logits(sub, self.vocab, self.width)
