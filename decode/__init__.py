@@ -13,6 +13,9 @@ import importlib
 _EXPORTS = {
     "autoregressive_generate": "draftsmith.decode.loop",
     "speculative_generate": "draftsmith.decode.loop",
+    "eagle_generate": "draftsmith.decode.loop",
+    "EagleHead": "draftsmith.decode.eagle",
+    "load_eagle": "draftsmith.decode.eagle",
     "ModelPair": "draftsmith.decode.pair",
     "PairError": "draftsmith.decode.pair",
     "check_tokenizers": "draftsmith.decode.pair",

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from conftest import make_model
-from draftsmith.decode import autoregressive_generate
+from draftsmith.decode import autoregressive_generate, eagle_generate
 from draftsmith.decode.eagle import EAGLE_ARCH, EagleHead, EagleRunner, is_eagle_dir, load_eagle, save_eagle
-from draftsmith.decode.loop import eagle_generate
 from draftsmith.serve.server import ServerSpec, speculative_config, speculative_method
 from draftsmith.train.eagle import eagle_loss, shifted, target_features
 
