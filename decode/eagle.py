@@ -62,14 +62,19 @@ class EagleHead(torch.nn.Module):
         self.h, self.nh, self.nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or self.h // self.nh
         self.eps = cfg.rms_norm_eps
-        self.rotary = target.model.rotary_emb
+        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+            raise ValueError("an EAGLE head here has no biases (vLLM's EagleLlamaForCausalLM would expect them from "
+                             "a target with attention_bias / mlp_bias): this target is not supported")
+        # the target's rotary embedding, used but not owned (not a submodule: head.to(...) must not convert it)
+        self.__dict__["rotary"] = target.model.rotary_emb
         src = target.model.layers[init_layer % cfg.num_hidden_layers]
         a, m = src.self_attn, src.mlp
+        like = dict(dtype=a.q_proj.weight.dtype, device=a.q_proj.weight.device)
 
         def copy(module, scale: float = 1.0):
             return torch.nn.Parameter(module.weight.detach().clone() * scale)
 
-        self.fc = torch.nn.Parameter(torch.cat([torch.zeros(self.h, self.h), torch.eye(self.h)], dim=1))
+        self.fc = torch.nn.Parameter(torch.cat([torch.zeros(self.h, self.h, **like), torch.eye(self.h, **like)], dim=1))
         self.q, self.k, self.v, self.o = copy(a.q_proj), copy(a.k_proj), copy(a.v_proj), copy(a.o_proj, 0.1)
         self.post_norm = copy(src.post_attention_layernorm)
         self.gate, self.up, self.down = copy(m.gate_proj), copy(m.up_proj), copy(m.down_proj, 0.1)
@@ -167,16 +172,16 @@ def is_eagle_dir(path: str | Path) -> bool:
 
 
 def load_eagle(path: str | Path, target: torch.nn.Module) -> EagleHead:
-    """The head saved at `path` by :func:`save_eagle`, for `target`."""
+    """The head saved at `path` by :func:`save_eagle`, for `target` (in its dtype, on its device)."""
     from safetensors.torch import load_file
 
     path = Path(path)
     if not is_eagle_dir(path):
         raise ValueError(f"{path} is not an EAGLE head's checkpoint (no config.json naming {EAGLE_ARCH}); "
-                         "write one with draftsmith.train.eagle.save_eagle")
+                         "write one with draftsmith.decode.eagle.save_eagle")
     head = EagleHead(target)
     head.load_weights(load_file(str(path / WEIGHTS)))
-    return head
+    return head.eval()
 
 
 # -- the head in a decode loop ----------------------------------------------------------------------

@@ -273,9 +273,10 @@ def eagle_generate(
 ) -> GenerateOutput:
     """Speculative decoding of `target` with an EAGLE-1 head (decode/eagle.py ``EagleHead``) proposing `k` tokens.
 
-    Same arguments, output and guarantees as :func:`speculative_generate` (greedy output equals the target's own;
-    sampling is distributed as the target's), with `head` in place of a draft model. The target runs on the lean
-    forward (Llama-family models), which hands back its post-norm features at the positions it ran.
+    The arguments, output and guarantees of :func:`speculative_generate` (greedy output equals the target's own;
+    sampling is distributed as the target's), with `head` in place of a draft model, no `backend` (the target runs
+    on the lean forward, Llama-family models, which hands back its post-norm features at the positions it ran)
+    and K 1 by default (the head's second proposal is its weak one: BENCHMARKS.md).
 
     Bookkeeping, with n tokens known at a round's start (the target cache holds n-1 positions, so its features
     h_0 .. h_{n-2} are known): slot t of the head's cache holds (x_{t+1}, h_t) from a real feature; the round first

@@ -82,12 +82,16 @@ def fingerprint(draft_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def speculative_config(draft_dir: str | Path, k: int | None, schedule: list[list[int]] | None = None) -> dict:
-    """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) as a separate draft model with K tokens,
-    or with the batch-size K `schedule` (then `k` is None or its largest K: serve/server.py ``speculative_config``)."""
-    from draftsmith.serve.server import speculative_config as vllm_config
+def speculative_config(draft_dir: str | Path, k: int | None, schedule: list[list[int]] | None = None, *,
+                       method_from: str | Path | None = None) -> dict:
+    """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) with K tokens, or with the batch-size K
+    `schedule` (then `k` is None or its largest K: serve/server.py ``speculative_config``). The method (a separate
+    draft model, or an EAGLE head) is read from the checkpoint at `method_from` (default `draft_dir`): a version's
+    files are written in a temporary folder before `draft_dir` exists."""
+    from draftsmith.serve.server import speculative_config as vllm_config, speculative_method
 
-    return vllm_config(str(Path(draft_dir).resolve()), k, schedule)
+    method = speculative_method(method_from if method_from is not None else draft_dir)
+    return vllm_config(str(Path(draft_dir).resolve()), k, schedule, method=method)
 
 
 def k_schedule(serving: dict | None, schedule: bool = True) -> list[list[int]] | None:
@@ -384,7 +388,7 @@ class RegistryTransaction:
                 shutil.copytree(draft_dir, tmp / "draft")
                 write_metrics(tmp, metrics)
                 write_json(tmp / "promotion.json", promotion)
-                config = speculative_config(final / "draft", None if sizes else k, sizes)
+                config = speculative_config(final / "draft", None if sizes else k, sizes, method_from=tmp / "draft")
                 write_json(tmp / "speculative_config.json", config)
                 if serving is not None:
                     write_serving(tmp, serving["table"])

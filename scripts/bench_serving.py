@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="target model dir (default: the demo target)")
     ap.add_argument("--draft", nargs="+", help="draft model dirs, each DIR or NAME=DIR (default: a draft distilled from "
-                    "the demo target); an EAGLE head's dir (train/eagle.py) is served as method eagle, and draftsmith's "
+                    "the demo target); an EAGLE head's dir (decode/eagle.py) is served as method eagle, and draftsmith's "
                     "own loop is measured for the other drafts only")
     ap.add_argument("--heldout", help="a datagen output: serve its held-out prompts (the pipeline's serve stage's) "
                     "instead of the demo's text prompts")
@@ -96,7 +96,7 @@ def named_drafts(specs: list[str]) -> dict[str, str]:
     """``DIR`` or ``NAME=DIR`` arguments -> {name: dir} (a bare DIR is named "draft", then "draft2", ...)."""
     out = {}
     for i, spec in enumerate(specs):
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        name, _, path = spec.partition("=") if "=" in spec else ("", "", spec)
         out[name or ("draft" if i == 0 else f"draft{i + 1}")] = path
     return out
 

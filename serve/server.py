@@ -139,9 +139,10 @@ def speculative_method(draft: str | Path) -> str:
     return "draft_model"
 
 
-def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[list[int]]] = None) -> dict:
-    """vLLM's ``--speculative-config`` for a draft proposing `k` tokens per step (``method`` from the
-    checkpoint: :func:`speculative_method`).
+def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[list[int]]] = None, *,
+                       method: Optional[str] = None) -> dict:
+    """vLLM's ``--speculative-config`` for a draft proposing `k` tokens per step (``method``: as given, else read
+    from the checkpoint: :func:`speculative_method`).
 
     With `schedule` (``[[start, end, K], ...]``, serve/schedule.py) the K follows the running batch size:
     the config carries it as ``num_speculative_tokens_per_batch_size`` and ``num_speculative_tokens`` is
@@ -150,15 +151,16 @@ def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[lis
     the schedule. A schedule vLLM would refuse, or one whose every K is 0 (nothing to speculate: serve
     without a draft), is a ValueError too (:func:`~draftsmith.serve.schedule.check_schedule`).
     """
+    method = method or speculative_method(draft)
     if schedule is None:
-        return {"model": str(draft), "method": speculative_method(draft), "num_speculative_tokens": int(k)}
+        return {"model": str(draft), "method": method, "num_speculative_tokens": int(k)}
     schedule = check_schedule(schedule)
     top = schedule_k(schedule)
     if k is not None and int(k) != top:
         raise ValueError(f"K={k} does not match the batch-size schedule of draft {draft} "
                          f"({describe_schedule(schedule)}): with a schedule num_speculative_tokens is its largest K, "
                          f"{top}; pass k=None or k={top}")
-    return {"model": str(draft), "method": speculative_method(draft), "num_speculative_tokens": top,
+    return {"model": str(draft), "method": method, "num_speculative_tokens": top,
             "num_speculative_tokens_per_batch_size": schedule}
 
 
