@@ -62,13 +62,17 @@ class EagleHead(torch.nn.Module):
         self.h, self.nh, self.nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = getattr(cfg, "head_dim", None) or self.h // self.nh
         self.eps = cfg.rms_norm_eps
-        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        if getattr(cfg, "model_type", None) != "llama":  # Qwen3's q/k norms, Mistral's windows: other arithmetic
+            raise ValueError(f"an EAGLE head here is vLLM's EagleLlamaForCausalLM, for Llama targets; this target is "
+                             f"{getattr(cfg, 'model_type', None)!r}: not supported")
+        src = target.model.layers[init_layer % cfg.num_hidden_layers]
+        a, m = src.self_attn, src.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(getattr(lin, "bias", None) is not None for lin in linears):
             raise ValueError("an EAGLE head here has no biases (vLLM's EagleLlamaForCausalLM would expect them from "
                              "a target with attention_bias / mlp_bias): this target is not supported")
         # the target's rotary embedding, used but not owned (not a submodule: head.to(...) must not convert it)
         self.__dict__["rotary"] = target.model.rotary_emb
-        src = target.model.layers[init_layer % cfg.num_hidden_layers]
-        a, m = src.self_attn, src.mlp
         like = dict(dtype=a.q_proj.weight.dtype, device=a.q_proj.weight.device)
 
         def copy(module, scale: float = 1.0):

@@ -12,6 +12,10 @@ target step, and every ratio is the median of the repeats' own ratios, so that t
 shared machine over seconds cancels within a repeat. Back-to-back draft costs are reported
 beside them. These are costs timed apart, before or without decoding; the costs the decodes
 themselves paid are eval/metrics.py's ``in_loop_costs``.
+
+An EAGLE head (decode/eagle.py) is timed as its decode runs it: one slot per draft step through its own cache,
+scored by the target's head (on the draft vocabulary when given), with the target on the lean forward keeping
+its features (what :func:`~draftsmith.decode.loop.eagle_generate` asks of it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,42 @@ import time
 import torch
 
 from draftsmith.decode.runners import Runner, make_runner
+
+
+class _EagleSteps:
+    """An EAGLE head's decode-time runner (decode/eagle.py ``EagleRunner``) called as a :class:`Runner`: a forward
+    of `tokens` [1, T] feeds them with zero features (values do not change the cost) and scores the last `keep`
+    outputs with the target's head."""
+
+    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None):
+        from draftsmith.decode.eagle import EagleRunner
+
+        self.runner = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                                  capacity, vocab=vocab)
+
+    def __len__(self) -> int:
+        return len(self.runner)
+
+    def crop(self, length: int) -> None:
+        self.runner.crop(length)
+
+    def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        tokens = input_ids[0]
+        feats = self.runner.embed.new_zeros((tokens.shape[0], self.runner.head.h))
+        return self.runner.logits(self.runner.forward(tokens, feats)[-keep:])
+
+
+def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:
+    """The target's and the draft's runners as the decode runs them (an EAGLE head: eagle_generate's)."""
+    from draftsmith.decode.eagle import EagleHead
+
+    if isinstance(draft, EagleHead):
+        from draftsmith.decode.lean import LeanModel
+
+        tgt = LeanModel(target, capacity=capacity)
+        tgt.keep_features = True
+        return tgt, _EagleSteps(draft, target, capacity, vocab)
+    return make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=vocab)
 
 
 def _timed(runner: Runner, tokens: torch.Tensor, restore: int) -> float:
@@ -53,7 +93,9 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
     """Forward costs at `context` [1, P] and the ratios c (per k, in the round pattern) and c_v (per k).
 
     `backend` picks the cached forward as in the decode loops (see decode/runners.py): time the one
-    the decode ran with, and `draft_vocab` the draft's reduced vocabulary as the decode used it.
+    the decode ran with, and `draft_vocab` the draft's reduced vocabulary as the decode used it. `draft` may be
+    an EAGLE head (decode/eagle.py ``EagleHead``): timed as :func:`~draftsmith.decode.loop.eagle_generate` runs
+    it, the target on the lean forward whatever `backend` says.
 
     Returns {"target_step_s", "draft_step_s" (back to back), "c_isolated", "c": {k: ...},
     "c_v": {k: ...}, "draft_step_in_round_s": {k: ...}, "verify_s": {k: ...}}: seconds are medians over
@@ -61,7 +103,7 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
     paid in the loop, are eval/metrics.py's ``in_loop_costs``.
     """
     capacity = context.shape[1] + max(ks) + 2
-    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=draft_vocab)
+    tgt, dft = _runners(target, draft, backend, capacity, draft_vocab)
     tgt.forward(context, keep=1)
     dft.forward(context, keep=1)
     p = context.shape[1]

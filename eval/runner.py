@@ -11,6 +11,10 @@ those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_r
 cells also check speculative == plain output on every run (greedy_match) and time HF assisted
 generation as a second engine (speed only, outputs compared).
 
+A draft directory holding an EAGLE head (decode/eagle.py ``is_eagle_dir``: what ``method.finetune=eagle`` trains)
+runs in :func:`~draftsmith.decode.loop.eagle_generate`, in the same cells and passes as draft models, its costs
+timed as that loop runs it; HF assisted generation has no EAGLE mode, so its cells have no HF A/B.
+
 Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
 ``cfg.out_dir`` atomically.
 """
@@ -24,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode import autoregressive_generate, speculative_generate
+from draftsmith.decode import autoregressive_generate, eagle_generate, speculative_generate
+from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
@@ -137,6 +142,28 @@ def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
+    """The draft `name` at `path`, checked against the target: a draft model (same tokenizer, embedding wide
+    enough), or an EAGLE head (decode/eagle.py), which shares the target's embedding and head, so its tokenizer
+    is the target's by construction, and needs the target on the lean forward (Llama family)."""
+    if not is_eagle_dir(path):
+        check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
+        draft = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
+        check_embedding_width(draft, tokenizer, path)
+        return draft
+    from draftsmith.decode.lean import lean_unsupported
+
+    reason = lean_unsupported(target)
+    if reason is not None:
+        raise EvalError(f"draft {name!r} ({path}) is an EAGLE head, which draftsmith's loop runs on the target's lean "
+                        f"forward, but {reason}; evaluate a draft model instead")
+    try:
+        return load_eagle(path, target)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise EvalError(f"draft {name!r}: the EAGLE head at {path} does not fit the target {cfg.target!r} ({exc}); "
+                        "train the head on this target (method.finetune=eagle)") from exc
+
+
 def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
     """Greedy HF assisted generation with a constant K and no confidence cut-off -> (sequence, seconds)."""
     gc = draft.generation_config
@@ -196,8 +223,11 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
                   eos_token_id=eos, generator=gen, backend=cfg.backend)
 
     def spec(cell: Cell, prompt, **kw):
-        return speculative_generate(target, drafts[cell.draft], prompt, k=cell.k, draft_vocab=draft_vocab,
-                                    **{**common, **kw})
+        draft = drafts[cell.draft]
+        if isinstance(draft, EagleHead):  # the target's own lean forward hands the head its features
+            eagle_kw = {key: value for key, value in {**common, **kw}.items() if key != "backend"}
+            return eagle_generate(target, draft, prompt, k=cell.k, draft_vocab=draft_vocab, **eagle_kw)
+        return speculative_generate(target, draft, prompt, k=cell.k, draft_vocab=draft_vocab, **{**common, **kw})
 
     for _ in range(cfg.warmup):
         autoregressive_generate(target, prompts[0], **{**common, "max_new_tokens": 8})
@@ -220,7 +250,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
             spec_s[id(cell)].append(out.stats.total_s)
             if temperature == 0:
                 cell.equal.append(torch.equal(plain.sequences, out.sequences))
-                if cfg.hf_ab and r == 0:
+                if cfg.hf_ab and r == 0 and not isinstance(drafts[cell.draft], EagleHead):
                     seq, sec = hf_assisted_generate(target, drafts[cell.draft], prompt, cell.k, cfg.max_new_tokens,
                                                     eos, pad_id)
                     hf_s[id(cell)] += sec
@@ -231,7 +261,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
         if cell.costs is None:
             cell.costs = cost_ratios(target, drafts[cell.draft], mid_decode_context(prompts[0], cfg.max_new_tokens),
                                      [cell.k], repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
-        if r == 0 and temperature == 0 and cfg.hf_ab:
+        if r == 0 and temperature == 0 and cfg.hf_ab and not isinstance(drafts[cell.draft], EagleHead):
             tokens = sum(s.new_tokens for s in cell.base)
             cell.hf = {"tokens_per_s": tokens / hf_s[id(cell)] if hf_s[id(cell)] else 0.0,
                        "outputs_equal": hf_equal[id(cell)], "plain_tokens": tokens, "plain_s": sum(plain_s)}
@@ -343,12 +373,10 @@ def run(cfg: EvalConfig) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     drafts = {}
     for name, path in cfg.drafts.items():  # every draft checked before any timing starts
-        check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
-        drafts[name] = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
-        check_embedding_width(drafts[name], tokenizer, path)
+        drafts[name] = load_draft(path, name, target, tokenizer, cfg)
     vocab, vocab_info = None, None
     if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says
-        width = min(logit_width(m) for m in [target, *drafts.values()])
+        width = min(logit_width(m) for m in [target, *drafts.values()] if not isinstance(m, EagleHead))
         vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
         vocab = vocab.to(cfg.device)
 

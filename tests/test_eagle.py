@@ -143,10 +143,14 @@ def test_the_head_takes_the_targets_dtype_and_owns_none_of_its_modules(target, t
     before = half.model.rotary_emb.inv_freq.dtype
     head.to(torch.float16)
     assert half.model.rotary_emb.inv_freq.dtype == before  # the target's rotary table is not the head's to convert
-    with pytest.raises(ValueError, match="no biases"):
-        biased = make_model("llama", layers=1)
-        biased.config.attention_bias = True
-        EagleHead(biased)
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.attention_bias = True
+    with pytest.raises(ValueError, match="no biases"):  # the layer's real biases, not only the config's flag
+        EagleHead(LlamaForCausalLM(config))
+    with pytest.raises(ValueError, match="for Llama targets; this target is 'qwen2'"):  # biases without a flag
+        EagleHead(make_model("qwen2", layers=1))
 
 
 def test_target_features_are_the_post_norm_hidden_states_row_by_row(target):

@@ -7,7 +7,8 @@
 - :func:`eagle_loss`: the head's loss (the target's next distribution, EAGLE's feature regression, optionally the
   second proposal as a K=2 round makes it).
 
-Not yet a ``method.*`` of the train stage: ``scripts/probe_eagle.py`` drives it.
+The train stage runs them for ``method.finetune=eagle`` (train/eagle_trainer.py); ``scripts/probe_eagle.py``
+drives them apart, for experiments.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class DatagenSettings(PromptFormat):
         return PromptSource(self.prompts, **fmt)
 
 
-FINETUNES = ("full", "lora")
+FINETUNES = ("full", "lora", "eagle")
 TEACHERS = ("cached", "online")
 CACHED_TAILS = ("uniform", "bucket")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -105,7 +105,9 @@ class TrainSettings:
     """
 
     name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
-    finetune: str = "full"  # what training changes: full (every weight) | lora (adapters, merged into the draft)
+    # what training changes: full (every weight of the draft) | lora (adapters, merged into the draft) | eagle (an
+    # EAGLE-1 head over the target's own features, in place of a draft model: train/eagle_trainer.py)
+    finetune: str = "full"
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
     teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
@@ -117,6 +119,8 @@ class TrainSettings:
     lora_dropout: float = 0.0
     lora_target_modules: Any = "all-linear"  # "all-linear" or a list of module names (e.g. [q_proj, v_proj])
     freeze_embeddings: bool = False  # full method: keep the input embedding and the output head fixed (tied or not)
+    eagle_w_reg: float = 1.0  # eagle: weight of the feature regression (smooth-L1 to the target's next feature)
+    eagle_second: float = 0.0  # eagle: weight of the second proposal's cross-entropy (K >= 2 rounds; 0 = EAGLE-1's)
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -170,6 +174,13 @@ class TrainSettings:
         check(not (self.reduced_head and self.on_policy_fraction > 0),
               "method.reduced_head with on-policy batches is not supported (the draft samples from its full head); "
               "set method.on_policy_fraction=0 or method.reduced_head=false")
+        if self.finetune == "eagle":
+            check(self.on_policy_fraction == 0, "method.finetune=eagle learns from the target's features of the "
+                  "datagen rows: on-policy batches do not apply; set method.on_policy_fraction=0")
+            check(not self.freeze_embeddings, "method.freeze_embeddings does not apply to method.finetune=eagle (the "
+                  "head has no embedding or output head of its own: it uses the target's, frozen)")
+            check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
+            check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
         if self.finetune == "lora":
@@ -184,7 +195,9 @@ class TrainSettings:
 
     @property
     def needs_target(self) -> bool:
-        """Whether training runs the target: an online teacher or on-policy batches."""
-        return (self.loss != "ce" and self.teacher == "online") or self.on_policy_fraction > 0
+        """Whether training runs the target: an online teacher, on-policy batches, or an EAGLE head (it reads the
+        target's features)."""
+        return ((self.loss != "ce" and self.teacher == "online") or self.on_policy_fraction > 0
+                or self.finetune == "eagle")
 
 

@@ -1,6 +1,7 @@
 """train: distill or LoRA-finetune a draft on what the target said (one accelerate loop).
 
-Reads a datagen output, writes to ``cfg.out_dir``:
+Reads a datagen output, writes to ``cfg.out_dir`` (``method.finetune=eagle``, an EAGLE head in place of a
+draft model: train/eagle_trainer.py, the same contract):
     draft/              merged HF model directory with the tokenizer (what serving engines load)
     adapter/            the LoRA adapter (method.finetune=lora only)
     checkpoints/step_N/ accelerate ``save_state`` checkpoints; ``resume`` continues from the last
@@ -70,7 +71,8 @@ class TrainConfig(TrainSettings):
               "method.reduced_head trains the head on the draft vocabulary the eval proposes from: set "
               "eval.draft_vocab=N (e.g. 8192), or method.reduced_head=false")
         check(not self.needs_target or bool(self.target),
-              "pair.target is required for method.teacher=online and for on-policy batches (or use "
+              "pair.target is required for method.teacher=online, for on-policy batches and for "
+              "method.finetune=eagle (or use "
               "method.teacher=cached with a datagen run that stored top-k log-probs, or method.loss=ce)")
 
 
@@ -321,6 +323,10 @@ def freeze_embeddings(model) -> int:
 
 def run(cfg: TrainConfig) -> dict:
     """Train the draft; returns the metrics written to ``train_metrics.json``."""
+    if cfg.finetune == "eagle":  # an EAGLE head over the target's features: its own loop, the same contract
+        from draftsmith.train import eagle_trainer
+
+        return eagle_trainer.run(cfg)
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from draftsmith.artifacts.progress import progress, quiet_logs

@@ -1,0 +1,151 @@
+"""An EAGLE head through the stages: ``method.finetune=eagle`` trains one on a datagen output (train/eagle_trainer.py),
+resumably, and writes vLLM's checkpoint as the train output; the eval stage runs it in eagle_generate beside draft
+models, greedy output equal to the target's, its costs timed as that loop runs it."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_model, perturbed_copy
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
+from draftsmith.decode.timing import cost_ratios
+from draftsmith.eval.runner import EvalConfig, EvalError
+from draftsmith.eval.runner import run as run_eval
+from draftsmith.train import eagle_trainer
+from draftsmith.train.datagen import DatagenConfig
+from draftsmith.train.datagen import run as run_datagen
+from draftsmith.train.trainer import TrainConfig, TrainingError
+from draftsmith.train.trainer import run as run_train
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("eagle-stage")
+    target = make_model("llama", seed=0)
+    for name, model in (("target", target), ("draft", perturbed_copy(target, 0.1)),
+                        ("qwen", make_model("qwen2", seed=0))):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + j * 3) % 60}" for j in range(5))}) + "\n"
+                               for i in range(80)))
+    run_datagen(DatagenConfig(target=str(root / "target"), prompts=str(prompts), out_dir=str(root / "data"),
+                              max_new_tokens=10, heldout_fraction=0.2))
+    return root
+
+
+def train_cfg(setup, out, **kw):
+    base = dict(data_dir=str(setup / "data"), draft=str(setup / "draft"), target=str(setup / "target"),
+                out_dir=str(out), finetune="eagle", steps=120, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=40,
+                save_every=40, device="cpu", mixed_precision="no", best_by="top1_agreement")
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    out = setup / "train"
+    return out, run_train(train_cfg(setup, out))
+
+
+def test_the_train_stage_writes_a_served_eagle_head_that_learned(setup, trained):
+    out, metrics = trained
+    draft = out / "draft"
+    assert is_eagle_dir(draft)
+    assert json.loads((draft / "draftsmith_eagle.json").read_text())["kind"] == "eagle"
+    assert (draft / "tokenizer.json").exists()  # the target's: draft-directory checks (registry, eval) read it
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "eagle"
+    assert not (out / eagle_trainer.FEATURES).exists()  # kept only until the stage completes
+    evals = metrics["history"]["eval"]
+    assert [e["step"] for e in evals] == [0, 40, 80, 120]
+    first, best = evals[0]["heldout/top1_agreement"], metrics["best"]["value"]
+    assert best > max(0.3, first + 0.25), (first, best)  # from ~chance (0.02) to 0.42 here
+    assert metrics["final"]["heldout/top1_agreement"] == best  # the best evaluation's head is the one written
+    assert 0 < metrics["final"]["heldout/expected_acceptance"] <= 1
+    head = load_eagle(draft, make_model("llama", seed=0))
+    assert isinstance(head, EagleHead)
+
+
+def test_a_crashed_eagle_run_resumes_to_the_same_head(setup, tmp_path, monkeypatch):
+    """Interrupted after its first checkpoint, the run resumes from it (features read back, not recomputed) and
+    writes the head an uninterrupted run writes."""
+    whole = tmp_path / "whole"
+    run_train(train_cfg(setup, whole, steps=40, save_every=20, eval_every=20))
+    real_save = eagle_trainer.save_checkpoint
+
+    class Crash(RuntimeError):
+        pass
+
+    def save_then_crash(*args, **kw):
+        path = real_save(*args, **kw)
+        raise Crash(str(path))
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(eagle_trainer, "save_checkpoint", save_then_crash)
+    with pytest.raises(Crash):
+        run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
+    monkeypatch.setattr(eagle_trainer, "save_checkpoint", real_save)
+    assert (cut / eagle_trainer.FEATURES).exists() and not (cut / "draft").exists()
+    computed = []
+    monkeypatch.setattr(eagle_trainer, "target_features", lambda *a, **k: computed.append(1))
+    metrics = run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
+    assert computed == []  # the features came from the run that crashed
+    assert [e["step"] for e in metrics["history"]["eval"]] == [0, 20, 40]
+    target = make_model("llama", seed=0)
+    a, b = load_eagle(whole / "draft", target), load_eagle(cut / "draft", target)
+    for name, value in a.weights().items():
+        torch.testing.assert_close(b.weights()[name], value, rtol=0, atol=1e-6)
+
+
+def test_eagle_settings_and_targets_that_cannot_carry_a_head_are_clear_errors(setup, tmp_path):
+    with pytest.raises(ConfigError, match="method.on_policy_fraction"):
+        train_cfg(setup, tmp_path / "x", on_policy_fraction=0.5)
+    with pytest.raises(ConfigError, match="method.freeze_embeddings"):
+        train_cfg(setup, tmp_path / "x", freeze_embeddings=True)
+    with pytest.raises(ConfigError, match="method.finetune=eagle"):
+        train_cfg(setup, tmp_path / "x", target=None)
+    with pytest.raises(TrainingError, match="for Llama targets"):  # Qwen2: attention biases, no EagleLlama head
+        run_train(train_cfg(setup, tmp_path / "q", target=str(setup / "qwen"), allow_other_target=True))
+
+
+def test_the_eval_stage_runs_an_eagle_head_beside_a_draft_model(setup, trained):
+    out = setup / "eval"
+    metrics = run_eval(EvalConfig(target=str(setup / "target"),
+                                  drafts={"eagle": str(trained[0] / "draft"), "draft": str(setup / "draft")},
+                                  data_dir=str(setup / "data"), out_dir=str(out), k=[1, 2], temperature=[0.0, 0.8],
+                                  max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True))
+    records = {(r["draft"], r["k"], r["temperature"]): r for r in metrics["records"]}
+    assert len(records) == 8
+    for (name, k, temperature), rec in records.items():
+        assert rec["backend"] == {"target": "lean", "draft": "eagle" if name == "eagle" else "lean"}
+        assert rec["c"] > 0 and rec["c_v"] > 0
+        assert rec["repeats"] == 2 and len(rec["timings"]["spec_s"][0]) == 4
+        if temperature == 0:
+            assert rec["greedy_match"] == 1.0
+            assert ("hf_assisted" in rec) == (name == "draft")  # HF assisted generation has no EAGLE mode
+    # one plain run per prompt and pass serves both drafts
+    assert records[("eagle", 1, 0.0)]["timings"]["plain_s"] == records[("draft", 1, 0.0)]["timings"]["plain_s"]
+    assert metrics["summary"]["eagle"]["token_acceptance"] > 0.3
+    assert "| eagle |" in (out / "report.md").read_text()
+
+
+def test_an_eagle_head_of_another_target_is_a_clear_error(setup, tmp_path):
+    """A head trained for a 48-wide target, evaluated against the 32-wide one: refused before any timing."""
+    from draftsmith.decode.eagle import save_eagle
+
+    save_eagle(tmp_path / "h", EagleHead(make_model("llama", seed=0, hidden=48)))
+    with pytest.raises(EvalError, match="does not fit the target"):
+        run_eval(EvalConfig(target=str(setup / "target"), drafts={"eagle": str(tmp_path / "h")},
+                            data_dir=str(setup / "data"), out_dir=str(tmp_path / "e"), k=[1], max_new_tokens=4,
+                            max_prompts=1, cost_repeats=1, hf_ab=False))
+
+
+def test_cost_ratios_time_an_eagle_head_as_its_loop_runs_it(setup, trained):
+    target = make_model("llama", seed=0)
+    head = load_eagle(trained[0] / "draft", target)
+    context = torch.randint(4, 60, (1, 20))
+    costs = cost_ratios(target, head, context, [1, 2], repeats=3)
+    assert set(costs["c"]) == {1, 2} and all(0 < costs["c"][k] and 0 < costs["c_v"][k] for k in (1, 2))
+    vocab = torch.arange(4, 40)
+    assert cost_ratios(target, head, context, [1], repeats=2, draft_vocab=vocab)["c"][1] > 0
