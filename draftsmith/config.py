@@ -247,8 +247,9 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError(f"stages={list(cfg.stages)} lists a stage twice")
     if cfg.out_dir == "":
         raise ConfigError("out_dir is empty: give a directory for the stage outputs (or leave it unset)")
+    # an EAGLE head (method.finetune=eagle) is trained from the target alone: no draft model to start from
     missing = [f"pair.{key}" for key in ("target", "draft") if not getattr(cfg.pair, key)
-               and not (key == "draft" and cfg.pair.draft_layers)]
+               and not (key == "draft" and (cfg.pair.draft_layers or cfg.method.finetune == "eagle"))]
     if not cfg.data.prompts and {"datagen"} & set(cfg.stages):
         missing.append("data.prompts")
     if missing:

@@ -68,8 +68,9 @@ class Pipeline:
         self.ran: dict[str, str] = {}  # stage -> "ran" | "skipped"
 
     # -- inputs -----------------------------------------------------------------------------
-    def pair(self) -> tuple[str, str]:
-        """(target, base draft) ids or paths; the demo pair is built (or found in the cache) here."""
+    def pair(self) -> tuple[str, str | None]:
+        """(target, base draft) ids or paths; the demo pair is built (or found in the cache) here. The base draft is
+        None when there is none: an EAGLE head (method.finetune=eagle) is trained from the target alone."""
         if self._pair is None:
             from draftsmith.demo import cache_root
             from draftsmith.pairs import layer_draft, resolve_model
@@ -85,6 +86,8 @@ class Pipeline:
             target = resolve_model(target, "pair.target", cache_root(), log=self.log)
             if pair.draft_layers:
                 draft = layer_draft(target, pair.draft_layers, cache_root(), log=self.log)
+            elif not draft:
+                draft = None
             else:
                 draft = resolve_model(draft, "pair.draft", cache_root(), log=self.log)
             self._pair = (target, draft)
@@ -252,7 +255,7 @@ class Pipeline:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
             train_cfg = trainer.TrainConfig(**{**settings_of(m, TrainSettings), "best_by": best_by},
-                                            data_dir=str(self.out / "datagen"), draft=draft, target=target,
+                                            data_dir=str(self.out / "datagen"), draft=draft or target, target=target,
                                             out_dir=str(out), draft_vocab=draft_vocab,
                                             **self.tracker.train_kwargs())
             try:
@@ -280,12 +283,15 @@ class Pipeline:
         trained = self.out / "train" / "draft"
         if (trained / "config.json").exists():
             drafts["trained"] = str(trained)
-        if self.cfg.eval.compare_base or not drafts:
+        if (self.cfg.eval.compare_base or not drafts) and base is not None:
             drafts["base"] = base
+        if not drafts:
+            raise ConfigError(f"eval: nothing to evaluate: no trained draft in {trained.parent} and no pair.draft; run "
+                              "the train stage first (stages=[train,eval,...]), or give pair.draft")
         if prod is not None and self.cfg.eval.compare_production:
             from draftsmith.registry import fingerprint
 
-            candidate = Path(drafts.get("trained", base))  # what promote would register
+            candidate = Path(drafts.get("trained") or drafts["base"])  # what promote would register
             if not candidate.is_dir() or fingerprint(candidate) != prod["fingerprint"]:
                 drafts["production"] = str(Path(prod["path"]) / "draft")
         return drafts

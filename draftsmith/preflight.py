@@ -58,13 +58,16 @@ def check_registry_root(root: str) -> None:
             return
 
 
-def check_pair(target: str, draft: str) -> None:
-    """Target and draft tokenizers agree and their local weight files are whole (no model is loaded)."""
+def check_pair(target: str, draft: str | None) -> None:
+    """Target and draft tokenizers agree and their local weight files are whole (no model is loaded); with no draft
+    (an EAGLE head is trained from the target alone), the target's alone."""
     from draftsmith.decode.pair import check_tokenizers, check_weight_files, load_tokenizer
 
-    check_tokenizers(load_tokenizer(target, "target"), load_tokenizer(draft, "draft"), target, draft)
+    target_tok = load_tokenizer(target, "target")
     check_weight_files(target, "target")
-    check_weight_files(draft, "draft")
+    if draft is not None:
+        check_tokenizers(target_tok, load_tokenizer(draft, "draft"), target, draft)
+        check_weight_files(draft, "draft")
 
 
 def check_datagen_engine(data) -> None:

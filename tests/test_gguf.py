@@ -436,22 +436,29 @@ def test_draft_layers_errors_from_the_command_line(gguf_pair, tmp_path, monkeypa
 
 
 def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, bpe, monkeypatch):
-    """experiment=smollm2-135m as it ships (the draft of layers [0, 1, -1], the chat prompts answered by the target
-    beside reference passages it scores, the head trained on the draft vocabulary, the best held-out draft kept),
-    with only the target swapped for a tiny 4-layer GGUF stand-in and the sizes cut: datagen and train run."""
+    """experiment=smollm2-135m as it ships (an EAGLE head, the chat prompts answered by the target beside reference
+    passages it scores, the head trained on the draft vocabulary, the best held-out head kept), with only the target
+    swapped for a tiny 4-layer GGUF stand-in and the sizes cut: datagen, train and eval run, the head in eval's loop
+    with greedy output equal to the target's."""
+    from draftsmith.decode.eagle import is_eagle_dir
+
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     target = write_llama_gguf(make_llama(len(bpe), seed=4, layers=4), bpe, tmp_path / "model" / "stand-in.gguf")
-    run_cli(monkeypatch, ["experiment=smollm2-135m", f"pair.target={target}", "stages=[datagen,train]",
+    run_cli(monkeypatch, ["experiment=smollm2-135m", f"pair.target={target}", "stages=[datagen,train,eval]",
                           f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
                           "data.demo_prompts=24", "data.demo_scored=24", "data.max_new_tokens=6",
                           "data.heldout_fraction=0.2", "data.top_k_logprobs=8", "method.steps=4", "method.eval_every=2",
-                          "method.batch_size=4", "eval.draft_vocab=64"])
+                          "method.batch_size=4", "eval.draft_vocab=64", "eval.max_prompts=2", "eval.max_new_tokens=6",
+                          "eval.repeats=1", "eval.cost_repeats=1"])
     out = tmp_path / "run"
     manifest = json.loads((out / "datagen" / "manifest.json").read_text())
     assert manifest["responses"]["mode"] == "auto"
     assert manifest["responses"]["given"] > 0 and manifest["responses"]["generated"] > 0
     metrics = json.loads((out / "train" / "train_metrics.json").read_text())
+    assert metrics["kind"] == "eagle"
     assert metrics["reduced_head"]["size"] == 64 and metrics["best"]["metric"] == "heldout/top1_agreement"
-    (draft_dir,) = (tmp_path / "cache").glob("layer-draft-*-0_1_3")
-    assert json.loads((draft_dir / "layer_draft.json").read_text())["indices"] == [0, 1, 3]
-    assert load_model(out / "train" / "draft").config.num_hidden_layers == 3
+    assert is_eagle_dir(out / "train" / "draft")
+    assert not list((tmp_path / "cache").glob("layer-draft-*"))  # no draft model is cut for a head
+    summary = json.loads((out / "eval" / "metrics.json").read_text())["summary"]
+    assert list(summary) == ["trained"] and summary["trained"]["greedy_match"] == 1.0
+    assert summary["trained"]["backend"] == {"target": "lean", "draft": "eagle"}

