@@ -359,11 +359,10 @@ def eagle_generate(
             n_new, finished = eos_at + 1, True
         stats.record_round(k_r, n_acc, n_new)
         tgt.crop(n + n_acc)
-        if k_r:
-            dft.crop(n - 1)  # its real slots 0 .. n-2; the speculative ones go
-            pending = feats[: n_acc + 1]
-        else:
-            pending = torch.cat([pending, feats[:1]])
+        # the head keeps its real slots 0 .. n-2 (the speculative ones go); a round without proposals (k_r 0) is the
+        # decode's last: one token was left, and its bonus token ends the decode
+        dft.crop(n - 1)
+        pending = feats[: n_acc + 1]
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
         if timed and stats.rounds > 1 and k_r == k:
