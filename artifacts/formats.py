@@ -7,6 +7,7 @@ and every reader, on the ground floor so that stages that never import each othe
 | ``metrics.json`` (the batch-1 eval) | eval/runner.py | promote, summary, sweep report, registry versions |
 | ``serving.json`` (the serving A/B, the serve stage) | eval/serving.py | promote, summary, the monitor's reference, registry versions |
 | ``version.json`` (a registry version) | draftsmith/registry.py | the registry, the monitor, ``draftsmith-registry`` |
+| a model directory's ``config.json`` ``architectures`` | transformers, decode/eagle.py save_eagle | decode/eagle.py (is it an EAGLE head), serve/server.py (vLLM's speculative method) |
 
 A missing or malformed file is an :class:`ArtifactError` naming the path and the stage to run; the
 JSON writers are atomic (:func:`draftsmith.artifacts.write_json`). ``metrics.json`` and ``serving.json``
@@ -176,6 +177,16 @@ class EvalMetrics:
     def chosen_record(self, draft: str) -> dict | None:
         """The cell the summary of `draft` was taken from: its best K at its summary temperature."""
         return self.record(draft, self.draft(draft)["best_k"])
+
+
+def model_architectures(model_dir: str | Path) -> list[str]:
+    """The ``architectures`` a model directory's config.json names; [] when there is none or it cannot be read
+    (a hub id, a missing or malformed file: whoever loads the model then says what is wrong with it)."""
+    try:
+        archs = json.loads((Path(str(model_dir)) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(a) for a in archs] if isinstance(archs, list) else []
 
 
 def read_metrics(path: str | Path) -> EvalMetrics:

@@ -166,13 +166,9 @@ def save_eagle(out_dir: str | Path, head: EagleHead, **info) -> Path:
 
 def is_eagle_dir(path: str | Path) -> bool:
     """Whether `path` holds a checkpoint this module loads: its config.json names :data:`EAGLE_ARCH`."""
-    import json
+    from draftsmith.artifacts.formats import model_architectures
 
-    try:
-        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return EAGLE_ARCH in archs
+    return EAGLE_ARCH in model_architectures(path)
 
 
 def load_eagle(path: str | Path, target: torch.nn.Module) -> EagleHead:

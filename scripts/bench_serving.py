@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from draftsmith.decode import autoregressive_generate, load_pair, speculative_generate  # noqa: E402
+from draftsmith.decode import autoregressive_generate, speculative_generate  # noqa: E402
 from draftsmith.eval.metrics import acceptance_summary  # noqa: E402
 from draftsmith.eval.serving import run_serving_ab  # noqa: E402
 from draftsmith.eval.settings import ServingSettings  # noqa: E402
@@ -134,14 +134,17 @@ def main(argv=None) -> dict:
         target, drafts = args.target, named_drafts(args.draft or [])
     if not drafts:
         raise SystemExit("bench_serving.py: --draft DIR (or NAME=DIR ...) is needed with --target")
-    from draftsmith.decode.pair import load_model, load_tokenizer
+    from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
     from draftsmith.demo import demo_prompts
     from draftsmith.eval.runner import heldout_prompts
     from draftsmith.serve.server import speculative_method
 
     target_model, tokenizer = load_model(target, "target", "float32"), load_tokenizer(target, "target")
-    loop_drafts = {name: load_pair(target, path, dtype="float32", device="cpu").draft
-                   for name, path in drafts.items() if speculative_method(path) == "draft_model"}
+    loop_drafts = {}  # the draft models draftsmith's loop times here (the target loaded once, above)
+    for name, path in drafts.items():
+        if speculative_method(path) == "draft_model":
+            check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), target, path)
+            loop_drafts[name] = load_model(path, f"draft {name!r}", "float32")
     prompts = (heldout_prompts(args.heldout, args.prompts) if args.heldout
                else demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=0))
     started = time.time()

@@ -126,12 +126,9 @@ def speculative_method(draft: str | Path) -> str:
     hidden states, and vLLM shares the target's embedding and head with it), "eagle3" for ``Eagle3...``, and
     "draft_model" (a separate small model) for anything else, a hub id or an unreadable config included (vLLM
     then says what is wrong with it)."""
-    config = Path(str(draft)) / "config.json"
-    try:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return "draft_model"
-    archs = [str(a) for a in archs]
+    from draftsmith.artifacts.formats import model_architectures
+
+    archs = model_architectures(draft)
     if any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs):
         return "eagle3"
     if any(a.startswith("Eagle") for a in archs):
