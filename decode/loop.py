@@ -1,4 +1,4 @@
-"""The decode loops: plain autoregressive decoding and speculative decoding with a draft model.
+"""The decode loops: plain autoregressive decoding, and speculative decoding with a draft model or an EAGLE head.
 
 Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): the draft proposes K tokens one
 at a time with its own KV cache, the target scores all K in one forward over K+1 positions, and
@@ -15,6 +15,11 @@ Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt
   forward), then 1 or 2 tokens short of n: after a full acceptance the last draft and the bonus
   token are fed together in the next round's first draft step (one forward instead of gpt-fast's
   extra catch-up forward).
+
+One loop (``_speculate``) runs every round; what proposes the drafts is a proposer: ``_DraftModel`` (a draft
+model's cached runner, :func:`speculative_generate`) or ``_Eagle`` (an EAGLE head fed the target's features,
+:func:`eagle_generate`). A proposer is told when the target's prefill ran (``prefilled``), gives the logits of
+each proposal of a round (``step``), and is told what verification kept (``verified``).
 """
 
 from __future__ import annotations
@@ -183,76 +188,13 @@ def speculative_generate(
     tau (``mean_accepted_tokens``) = tokens from the rounds / rounds, the prefill's token excluded.
     """
     check_sampling_args(temperature, top_p, top_k)
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+    _check_k(k)
     prompt = _prepare_prompt(input_ids, attention_mask)
-    device = prompt.device
-    eos = _eos_tensor(eos_token_id, device)
-    greedy = temperature == 0
-    n_prompt = prompt.shape[1]
-    capacity = n_prompt + max(max_new_tokens, 0) + k + 1
-    tgt, dft = make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=draft_vocab)
-    stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
-                             overlap_sum=None if greedy else 0.0, backend=runner_name(tgt),
-                             draft_backend=runner_name(dft))
-    buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
-    buf[:, :n_prompt] = prompt
-    n = n_prompt  # tokens known: prompt + new tokens
-    width = min(logit_width(target), logit_width(draft))  # shared token range V
-
-    timed = device.type != "cuda"  # on a GPU the phases would need a sync each, which costs the decode overlap
-    start = _clock(device)
-    finished = max_new_tokens <= 0
-    if not finished:  # the first token, from the target's prefill over the whole prompt
-        logits = tgt.forward(buf[:, :n], keep=1)[-1, :width]  # [V]
-        buf[0, n] = _next_token(logits, temperature, top_k, top_p, generator)
-        n += 1
-        stats.prefill_s = stats.ttft_s = _clock(device) - start
-        finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
-
-    while not finished:  # round start: the target cache holds n-1 positions
-        k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
-        q_rows = []
-        round_start = time.perf_counter() if timed else 0.0
-        for i in range(k_r):  # step 2: [1, n+i - len(dft)] tokens in (all n at first: prefill), one draft out
-            logits = dft.forward(buf[:, len(dft) : n + i], keep=1)[-1, :width]  # [V]
-            if greedy:
-                buf[0, n + i] = logits.argmax(-1)
-            else:
-                q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
-                buf[0, n + i] = sample(q_rows[-1], generator)
-        drafted_at = time.perf_counter() if timed else 0.0
-        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # step 3: [k_r+1, V]
-        verified_at = time.perf_counter() if timed else 0.0
-        drafts = buf[0, n : n + k_r]  # [k_r]
-        if greedy:  # step 4
-            n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
-        else:
-            p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V]
-            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V]
-            n_acc, nxt = verify_sampling(drafts, q, p, generator)
-            stats.overlap_sum += float(expected_acceptance(p[:k_r], q).sum()) if k_r else 0.0
-        buf[0, n + n_acc] = nxt
-
-        n_new = n_acc + 1
-        eos_at = _first_eos(buf[0, n : n + n_new], eos)
-        if eos_at >= 0:
-            n_new, finished = eos_at + 1, True
-        stats.record_round(k_r, n_acc, n_new)
-        tgt.crop(n + n_acc)  # step 5: the target saw n + k_r positions; keep n + n_acc
-        dft.crop(n + n_acc)
-        n += n_new
-        finished = finished or n - n_prompt >= max_new_tokens
-        # the in-loop costs leave out round 1 (its first draft step: the prefill) and a short last block (fewer
-        # tokens to verify than K + 1: a cheaper verification than K's)
-        if timed and stats.rounds > 1 and k_r == k:
-            stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, time.perf_counter() - round_start)
-
-    stats.total_s = _clock(device) - start
-    stats.new_tokens = n - n_prompt
-    stats.target_forwards, stats.draft_forwards = tgt.forwards, dft.forwards
-    tail = buf[:, n_prompt:n].to(input_ids.dtype)
-    return GenerateOutput(sequences=torch.cat([input_ids, tail], dim=1), stats=stats)
+    capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
+    tgt = make_runner(target, backend, capacity)
+    dft = _DraftModel(make_runner(draft, backend, capacity, vocab=draft_vocab), min(logit_width(target), logit_width(draft)))
+    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
 
 
 @torch.inference_mode()
@@ -278,77 +220,148 @@ def eagle_generate(
     on the lean forward, Llama-family models, which hands back its post-norm features at the positions it ran)
     and K 1 by default (the head's second proposal is its weak one: BENCHMARKS.md).
 
-    Bookkeeping, with n tokens known at a round's start (the target cache holds n-1 positions, so its features
-    h_0 .. h_{n-2} are known): slot t of the head's cache holds (x_{t+1}, h_t) from a real feature; the round first
-    feeds the real slots not yet in it (len(head cache) .. n-2), whose last output proposes d_1 = x_n; proposal
-    i+1 reads (d_i, the head's own output at the slot before), the K-1 speculative slots; the target verifies
-    [x_{n-1}, d_1 .. d_K] in one forward, returning h_{n-1} .. h_{n-1+K}; the head's cache is cropped back to its
-    real slots (n-1) and the features of the accepted positions (h_{n-1} .. h_{n-1+a}) wait for the next round.
+    The rounds are :func:`speculative_generate`'s; the head's bookkeeping (which slots its cache holds, which of
+    the target's features it reads when) is ``_Eagle``'s docstring.
     ``stats.draft_backend`` is "eagle"; the in-loop costs are recorded as for a draft model.
     """
-    from draftsmith.decode.eagle import EagleRunner
     from draftsmith.decode.lean import LeanModel, lean_unsupported, unsupported_error
 
     check_sampling_args(temperature, top_p, top_k)
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+    _check_k(k)
     reason = lean_unsupported(target)
     if reason is not None:
         raise unsupported_error(reason)
     prompt = _prepare_prompt(input_ids, attention_mask)
+    capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
+    tgt = LeanModel(target, capacity=capacity)
+    tgt.keep_features = True
+    dft = _Eagle(head, target, capacity, draft_vocab)
+    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+
+
+def _check_k(k) -> None:
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+
+
+# -- the proposers: what drafts a round's tokens -----------------------------------------------------
+class _DraftModel:
+    """A draft model with its own KV cache (decode/runners.py): the draft side of :func:`speculative_generate`.
+
+    Its cache holds a prefix of the accepted tokens, never a rejected one: empty before round 1 (its prefill is
+    its first step, which reads prompt + first token in one forward), then 1 or 2 tokens short of n: after a full
+    acceptance the last draft and the bonus token are fed together in the next round's first step."""
+
+    def __init__(self, runner, width: int):
+        self.runner, self.width = runner, width
+        self.backend = runner_name(runner)
+
+    @property
+    def forwards(self) -> int:
+        return self.runner.forwards
+
+    def prefilled(self, tgt) -> None:
+        """The target's prefill ran (the draft's own prefill is folded into its first step)."""
+
+    def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
+        """Logits [V] of proposal i+1 of a round that starts with n tokens known (buf[0, n : n+i] drafted so far):
+        the tokens not yet in the cache in, one draft out."""
+        return self.runner.forward(buf[:, len(self.runner) : n + i], keep=1)[-1, : self.width]
+
+    def verified(self, tgt, n: int, n_acc: int) -> None:
+        """The round's verification kept `n_acc` drafts: the cache goes back to the accepted text."""
+        self.runner.crop(n + n_acc)
+
+
+class _Eagle:
+    """An EAGLE head (decode/eagle.py) fed the target's features: the draft side of :func:`eagle_generate`.
+
+    Slot t of its cache holds (x_{t+1}, h_t). With n tokens known at a round's start, the target's features
+    h_0 .. h_{n-2} are known: the round first feeds the real slots not yet in the cache (len(cache) .. n-2), whose
+    last output proposes d_1 = x_n; proposal i+1 reads (d_i, the head's own output at the slot before), the
+    speculative slots. After verification the cache goes back to its real slots (n-1), and the target's features
+    of the accepted positions (h_{n-1} .. h_{n-1+a}, from the verification forward) wait for the next round."""
+
+    backend = "eagle"
+
+    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None):
+        from draftsmith.decode.eagle import EagleRunner
+
+        self.runner = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                                  capacity, vocab=vocab)
+        self.width = logit_width(target)
+        self.pending: torch.Tensor | None = None  # features h_{len(cache)} .. h_{n-2}: real slots not read yet
+        self.hidden: torch.Tensor | None = None  # the head's output at the last slot fed
+
+    @property
+    def forwards(self) -> int:
+        return self.runner.forwards
+
+    def prefilled(self, tgt) -> None:
+        self.pending = tgt.features  # [P, H]: h_0 .. h_{P-1}
+
+    def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
+        if i == 0:  # the real slots; the last proposes x_n
+            self.hidden = self.runner.forward(buf[0, len(self.runner) + 1 : n], self.pending)[-1:]
+        else:  # a speculative slot: (d_i, the head's own output at the slot before)
+            self.hidden = self.runner.forward(buf[0, n + i - 1 : n + i], self.hidden)
+        return self.runner.logits(self.hidden)[-1, : self.width]
+
+    def verified(self, tgt, n: int, n_acc: int) -> None:
+        # its real slots 0 .. n-2 stay; a round without proposals (k_r 0) is the decode's last: one token was left,
+        # and its bonus token ends the decode
+        self.runner.crop(n - 1)
+        self.pending = tgt.features[: n_acc + 1]  # h_{n-1} .. h_{n-1+a}
+
+
+def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: int, max_new_tokens: int,
+               temperature: float, top_p: float, top_k: int, eos_token_id, generator) -> GenerateOutput:
+    """The speculative loop of :func:`speculative_generate` (steps numbered there) with the target's cached runner
+    `tgt` and a proposer `dft` (:class:`_DraftModel` or :class:`_Eagle`: ``prefilled``, ``step``, ``verified``,
+    ``width``, ``backend``, ``forwards``)."""
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)
     greedy = temperature == 0
     n_prompt = prompt.shape[1]
-    capacity = n_prompt + max(max_new_tokens, 0) + k + 1
-    tgt = LeanModel(target, capacity=capacity)
-    tgt.keep_features = True
-    width = logit_width(target)
-    dft = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight, capacity,
-                      vocab=draft_vocab)
     stats = SpeculativeStats(k=k, drafted_per_position=[0] * k, accepted_per_position=[0] * k,
-                             overlap_sum=None if greedy else 0.0, backend="lean", draft_backend="eagle")
+                             overlap_sum=None if greedy else 0.0, backend=runner_name(tgt), draft_backend=dft.backend)
     buf = torch.empty((1, n_prompt + max_new_tokens + k + 1), dtype=torch.long, device=device)
     buf[:, :n_prompt] = prompt
-    n = n_prompt
+    n = n_prompt  # tokens known: prompt + new tokens
+    width = dft.width  # the shared token range V
 
-    timed = device.type != "cuda"
+    timed = device.type != "cuda"  # on a GPU the phases would need a sync each, which costs the decode overlap
     start = _clock(device)
     finished = max_new_tokens <= 0
-    pending = None  # features h_{len(dft)} .. h_{n-2}: the real slots the head has not read yet
-    if not finished:
-        logits = tgt.forward(buf[:, :n], keep=1)[-1, :width]
-        pending = tgt.features  # [P, H]: h_0 .. h_{P-1}
+    if not finished:  # the first token, from the target's prefill over the whole prompt
+        logits = tgt.forward(buf[:, :n], keep=1)[-1, :width]  # [V]
+        dft.prefilled(tgt)
         buf[0, n] = _next_token(logits, temperature, top_k, top_p, generator)
         n += 1
         stats.prefill_s = stats.ttft_s = _clock(device) - start
         finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
 
-    while not finished:
-        k_r = min(k, n_prompt + max_new_tokens - n - 1)
+    while not finished:  # round start: the target cache holds n-1 positions
+        k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
         q_rows = []
         round_start = time.perf_counter() if timed else 0.0
-        if k_r:
-            hidden = dft.forward(buf[0, len(dft) + 1 : n], pending)[-1:]  # real slots; the last proposes x_n
-            for i in range(k_r):
-                if i:  # a speculative slot: (d_i, the head's own output at the slot before)
-                    hidden = dft.forward(buf[0, n + i - 1 : n + i], hidden)
-                logits = dft.logits(hidden)[-1, :width]
-                if greedy:
-                    buf[0, n + i] = logits.argmax(-1)
-                else:
-                    q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
-                    buf[0, n + i] = sample(q_rows[-1], generator)
+        for i in range(k_r):  # step 2: one draft out per step
+            logits = dft.step(buf, n, i)  # [V]
+            if greedy:
+                buf[0, n + i] = logits.argmax(-1)
+            else:
+                q_rows.append(logits_to_probs(logits, temperature, top_k, top_p))
+                buf[0, n + i] = sample(q_rows[-1], generator)
         drafted_at = time.perf_counter() if timed else 0.0
-        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # [k_r+1, V]
-        feats = tgt.features  # h_{n-1} .. h_{n-1+k_r}
+        p_logits = tgt.forward(buf[:, n - 1 : n + k_r], keep=k_r + 1)[:, :width]  # step 3: [k_r+1, V]
         verified_at = time.perf_counter() if timed else 0.0
-        drafts = buf[0, n : n + k_r]
-        if greedy:
+        drafts = buf[0, n : n + k_r]  # [k_r]
+        if greedy:  # step 4
             n_acc, nxt = verify_greedy(drafts, p_logits.argmax(-1))
         else:
-            p = logits_to_probs(p_logits, temperature, top_k, top_p)
-            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))
+            p = logits_to_probs(p_logits, temperature, top_k, top_p)  # [k_r+1, V]
+            q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[-1]))  # [k_r, V]
             n_acc, nxt = verify_sampling(drafts, q, p, generator)
             stats.overlap_sum += float(expected_acceptance(p[:k_r], q).sum()) if k_r else 0.0
         buf[0, n + n_acc] = nxt
@@ -358,13 +371,12 @@ def eagle_generate(
         if eos_at >= 0:
             n_new, finished = eos_at + 1, True
         stats.record_round(k_r, n_acc, n_new)
-        tgt.crop(n + n_acc)
-        # the head keeps its real slots 0 .. n-2 (the speculative ones go); a round without proposals (k_r 0) is the
-        # decode's last: one token was left, and its bonus token ends the decode
-        dft.crop(n - 1)
-        pending = feats[: n_acc + 1]
+        tgt.crop(n + n_acc)  # step 5: the target saw n + k_r positions; keep n + n_acc
+        dft.verified(tgt, n, n_acc)
         n += n_new
         finished = finished or n - n_prompt >= max_new_tokens
+        # the in-loop costs leave out round 1 (its first draft step: the prefill) and a short last block (fewer
+        # tokens to verify than K + 1: a cheaper verification than K's)
         if timed and stats.rounds > 1 and k_r == k:
             stats.record_costs(k_r, drafted_at - round_start, verified_at - drafted_at, time.perf_counter() - round_start)
 

@@ -1,7 +1,8 @@
 """Choose the draft's shape by measurement: depths x head sizes, costed, distilled briefly, ranked by predicted speedup.
 
 For a target, every candidate draft — the target's first N decoder layers for each --layers N
-(draftsmith.pairs.layer_draft, cached), and each --sibling model directory — with each --heads size
+(draftsmith.pairs.layer_draft, cached), each --sibling model directory, and with --eagle an EAGLE-1 head
+(decode/eagle.py: one layer over the target's own features, method.finetune=eagle) — with each --heads size
 (a reduced draft vocabulary of that many ids, decode/vocab.py datagen_vocab; 0 = the full head) is:
 
 1. costed without training: c and c_v per K on the --backend forward at a mid-decode context of a
@@ -72,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="draft shapes: N (the target's first N layers) or comma-separated layer indices, negative "
                          "from the end (0,1,-1: the first two and the last; pair.draft_layers=[0,1,-1])")
     ap.add_argument("--sibling", nargs="*", default=[], help="sibling draft model directories, as candidates too")
+    ap.add_argument("--eagle", action="store_true", help="an EAGLE-1 head over the target's features as a candidate "
+                    "too (method.finetune=eagle; Llama targets)")
     ap.add_argument("--heads", type=int, nargs="+", default=[0], help="head sizes (reduced vocabulary ids; 0 = full)")
     ap.add_argument("--k", type=int, nargs="+", default=[2, 3, 4], help="draft tokens per round to rank at")
     ap.add_argument("--steps", type=int, default=60, help="distillation steps per candidate")
@@ -96,9 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """The flags' own ranges, before any model is loaded (depths against the target: :func:`check_depths`)."""
-    if not args.layers and not args.sibling:
-        raise ShapeSearchError("no candidate: give draft depths with --layers (e.g. --layers 2 3 4) and/or sibling "
-                               "draft directories with --sibling")
+    if not args.layers and not args.sibling and not args.eagle:
+        raise ShapeSearchError("no candidate: give draft depths with --layers (e.g. --layers 2 3 4), sibling "
+                               "draft directories with --sibling, and/or --eagle")
     depths = [n for n in args.layers if isinstance(n, int)]
     for flag, values, low in (("--layers", depths, 1), ("--heads", args.heads, 0), ("--k", args.k, 1)):
         bad = [v for v in values if v < low]
@@ -209,6 +212,8 @@ def drafts(args, target: str, cache: Path, tokenizer) -> list[dict]:
             name += "+"
         out.append({"name": name, "source": "sibling", "path": str(Path(path).resolve()),
                     "layers": getattr(AutoConfig.from_pretrained(path), "num_hidden_layers", None)})
+    if args.eagle:  # no model to cut: the head is built from the target when it is costed and trained
+        out.append({"name": "eagle", "source": "eagle", "path": None, "layers": 1})
     return out
 
 
@@ -231,19 +236,22 @@ def measure_costs(args, target_model, draft_model, context, ids) -> dict:
         raise ShapeSearchError(f"--backend {args.backend}: {exc}; or give --backend auto") from None
 
 
-def train_config(args, data: dict, draft_path: str, head: int, out_dir: Path, steps: int, target: str, *,
+def train_config(args, data: dict, draft_path: str | None, head: int, out_dir: Path, steps: int, target: str, *,
                  save_every: int = 0, resume: bool = False):
-    """The distillation of one candidate: frozen embeddings, the reduced head on the head's ids, the best kept.
+    """The distillation of one candidate: frozen embeddings, the reduced head on the head's ids, the best kept; an
+    EAGLE head (`draft_path` None) trained on the target's features (method.finetune=eagle).
 
     A short run keeps no checkpoints (save_every 0) and starts afresh; the winner's long one saves and resumes.
     """
     from draftsmith.train.trainer import TrainConfig
 
     teacher = args.teacher if args.teacher != "auto" else ("cached" if data["topk"] else "online")
-    return TrainConfig(data_dir=args.data, draft=draft_path, target=target, out_dir=str(out_dir), steps=steps,
+    eagle = draft_path is None
+    return TrainConfig(data_dir=args.data, draft=target if eagle else draft_path, target=target,
+                       out_dir=str(out_dir), steps=steps, finetune="eagle" if eagle else "full",
                        batch_size=args.batch_size, lr=args.lr, warmup_steps=steps // 10,
                        eval_every=max(1, steps // 4), eval_rows=min(HELDOUT_ROWS, data["heldout_rows"]),
-                       save_every=save_every, keep_best=True, freeze_embeddings=True, reduced_head=head > 0,
+                       save_every=save_every, keep_best=True, freeze_embeddings=not eagle, reduced_head=head > 0,
                        draft_vocab=head, teacher=teacher, resume=resume, device=args.device)
 
 
@@ -382,8 +390,17 @@ def cost_candidates(args, target: str, target_model, tokenizer, found: list[dict
     vocabs: dict[tuple[int, int], tuple] = {}  # (head, width) -> (ids, info): ranked once
     costed = []
     for draft in found:
-        draft_model = load_model(draft["path"], draft["name"], "float32", device)
-        width = min(logit_width(target_model), logit_width(draft_model))
+        if draft["source"] == "eagle":  # untrained: a shape costs what its trained weights cost
+            from draftsmith.decode.eagle import EagleHead
+
+            try:
+                draft_model = EagleHead(target_model)
+            except ValueError as exc:
+                raise ShapeSearchError(f"--eagle: {exc}") from None
+            width = logit_width(target_model)
+        else:
+            draft_model = load_model(draft["path"], draft["name"], "float32", device)
+            width = min(logit_width(target_model), logit_width(draft_model))
         check_heads(args.heads, width)
         for head in dict.fromkeys(args.heads):
             name = candidate_name(draft, head)
@@ -398,7 +415,8 @@ def cost_candidates(args, target: str, target_model, tokenizer, found: list[dict
             log(f"{name}: timing c and c_v at K={sorted(set(args.k))} ({args.backend} forward)")
             costs = measure_costs(args, target_model, draft_model, context, ids)
             costed.append({"draft": draft, "head": head, "name": name, "costs": costs, "vocab": vocab_info,
-                           "parameters": draft_model.num_parameters(), "context_tokens": int(context.shape[1])})
+                           "parameters": sum(p.numel() for p in draft_model.parameters()),
+                           "context_tokens": int(context.shape[1])})
         del draft_model
     return pooled_verify_costs(costed)
 

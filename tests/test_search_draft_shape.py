@@ -104,6 +104,30 @@ def test_chosen_layer_indices_are_a_candidate(target_and_data, tmp_path, capsys)
     assert record["indices"] == [0, 2]
 
 
+def test_an_eagle_head_is_a_candidate_costed_trained_and_ranked_beside_cut_drafts(target_and_data, tmp_path, capsys):
+    from draftsmith.decode.eagle import is_eagle_dir
+
+    out = tmp_path / "shapes"
+    doc = search_draft_shape.main(args(target_and_data, out, "--layers", "1", "--eagle", "--heads", "0", "24",
+                                       "--k", "1", "2", "--steps", "4", "--cost-repeats", "1", "--train-full-steps", "2"))
+    rows = {r["name"]: r for r in doc["candidates"]}
+    assert set(rows) == {"layers1-full", "layers1-head24", "eagle-full", "eagle-head24"}
+    for name in ("eagle-full", "eagle-head24"):
+        r = rows[name]
+        assert r["source"] == "eagle" and r["layers"] == 1 and r["base_draft"] is None
+        assert is_eagle_dir(r["draft"])  # its brief training wrote a head in vLLM's layout
+        assert r["c"]["1"] > 0 and 0.0 <= r["alpha"] <= 1.0
+        metrics = json.loads((out / name / "train" / "train_metrics.json").read_text())
+        assert metrics["kind"] == "eagle" and metrics["final"]["heldout/top1_agreement"] == r["alpha"]
+    # fc + one layer of the target's: a fraction of a one-layer cut, which carries the embedding and the head too
+    assert rows["eagle-full"]["parameters"] < rows["layers1-full"]["parameters"]
+    speedups = [r["speedup_at_best_k"] for r in doc["candidates"]]
+    assert speedups == sorted(speedups, reverse=True)
+    full = doc["winner"]["full_training"]  # whichever won is trained further in its own kind
+    assert full["candidate"] == doc["candidates"][0]["name"]
+    assert is_eagle_dir(full["draft"]) == (doc["candidates"][0]["source"] == "eagle")
+
+
 @pytest.mark.parametrize("extra, says", [
     (("--layers", "0"), "--layers 0: a draft keeps the target's first N decoder layers"),
     (("--layers", "2", "3"), "--layers 3: the target has 3 decoder layers, so a draft keeps 1..2"),
