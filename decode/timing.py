@@ -31,7 +31,8 @@ from draftsmith.decode.runners import Runner, make_runner
 class _EagleSteps:
     """An EAGLE head's decode-time runner (decode/eagle.py ``EagleRunner``) called as a :class:`Runner`: a forward
     of `tokens` [1, T] feeds them with zero features (values do not change the cost) and scores the last `keep`
-    outputs with the target's head."""
+    outputs with the target's head. A round's first step is timed as one slot; in a decode it feeds the a+1 slots
+    the last round accepted (a one-layer forward over 1-3 slots: nearly the cost of one)."""
 
     def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None):
         from draftsmith.decode.eagle import EagleRunner

@@ -260,7 +260,7 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError("data.prompts=demo only works with pair.target=demo: give data.prompts=FILE.jsonl "
                           "(or .parquet, a folder, a HF dataset id) for your target")
     if "train" in cfg.stages and cfg.method.teacher == "cached" and cfg.method.loss != "ce" \
-            and cfg.data.top_k_logprobs < 1:
+            and cfg.method.finetune != "eagle" and cfg.data.top_k_logprobs < 1:  # a head reads the target's features
         raise ConfigError(f"method.teacher=cached with method.loss={cfg.method.loss} needs the target's log-probs: "
                           "set data.top_k_logprobs > 0 (e.g. 32) or method.teacher=online")
     if cfg.data.demo_scored and (cfg.data.prompts != "stdlib-chat" or cfg.data.responses != "auto"):

@@ -70,6 +70,34 @@ def check_pair(target: str, draft: str | None) -> None:
         check_weight_files(draft, "draft")
 
 
+def check_eagle_target(target: str) -> None:
+    """method.finetune=eagle: the target is one an EAGLE head is built for (a Llama without biases), read from its
+    config alone, before datagen spends its time (the head itself checks its layers again: decode/eagle.py)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"method.finetune=eagle: cannot read the config of pair.target={target} ({exc})") from exc
+    kind = getattr(config, "model_type", None)
+    biased = [key for key in ("attention_bias", "mlp_bias") if getattr(config, key, False)]
+    if kind != "llama" or biased:
+        why = f"its model type is {kind!r}" if kind != "llama" else f"it has {' and '.join(biased)}"
+        raise ConfigError(f"method.finetune=eagle trains vLLM's EagleLlamaForCausalLM head, for Llama targets without "
+                          f"biases, but pair.target={target}: {why}; train a draft model instead (method=kd with "
+                          "pair.draft or pair.draft_layers)")
+
+
+def check_draft_kind(draft: str | None, finetune: str) -> None:
+    """A draft model is trained from a draft model: an EAGLE head's directory as pair.draft needs method=eagle."""
+    from draftsmith.decode.eagle import is_eagle_dir
+
+    if draft is not None and finetune != "eagle" and is_eagle_dir(draft):
+        raise ConfigError(f"pair.draft={draft} is an EAGLE head (its config.json names EagleLlamaForCausalLM), which "
+                          f"method.finetune={finetune} cannot train: train it further with method=eagle, or give a "
+                          "draft model")
+
+
 def check_datagen_engine(data) -> None:
     """data.engine=vllm: the server at data.vllm.url answers, or vLLM is importable by data.vllm.python."""
     if data.engine != "vllm":
@@ -98,6 +126,10 @@ def preflight(pipeline) -> None:
     if "promote" in stages:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use
+    if "train" in stages:
+        check_draft_kind(draft, cfg.method.finetune)
+        if cfg.method.finetune == "eagle":
+            check_eagle_target(target)
     if stages & {"train", "eval", "promote"}:
         check_pair(target, draft)
     else:

@@ -144,8 +144,9 @@ def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
 
 def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     """The draft `name` at `path`, checked against the target: a draft model (same tokenizer, embedding wide
-    enough), or an EAGLE head (decode/eagle.py), which shares the target's embedding and head, so its tokenizer
-    is the target's by construction, and needs the target on the lean forward (Llama family)."""
+    enough), or an EAGLE head (decode/eagle.py), which shares the target's embedding and head and needs the target
+    on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
+    (the train stage saves the target's), must be the target's."""
     if not is_eagle_dir(path):
         check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
         draft = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
@@ -153,10 +154,16 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
         return draft
     from draftsmith.decode.lean import lean_unsupported
 
+    if cfg.backend == "hf":  # its cells would run the target on the lean forward, their plain baseline on HF's
+        raise EvalError(f"draft {name!r} ({path}) is an EAGLE head, which draftsmith's loop runs on the target's lean "
+                        "forward, so its speedup would be measured against another forward's plain decoding: set "
+                        "decode.backend=auto (or lean)")
     reason = lean_unsupported(target)
     if reason is not None:
         raise EvalError(f"draft {name!r} ({path}) is an EAGLE head, which draftsmith's loop runs on the target's lean "
                         f"forward, but {reason}; evaluate a draft model instead")
+    if (Path(path) / "tokenizer_config.json").exists():  # the train stage saves the target's tokenizer beside it
+        check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
     try:
         return load_eagle(path, target)
     except (ValueError, RuntimeError, OSError) as exc:

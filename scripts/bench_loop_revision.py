@@ -6,7 +6,9 @@ REV:decode/loop.py > old_loop.py``), imported beside the installed one; both dec
 datagen output with the same models, K and draft vocabulary, greedy, no EOS stop, alternating which goes first
 per prompt, for `--repeats` passes. Per loop (an EAGLE head with ``--eagle``: ``eagle_generate``; a draft model
 with ``--draft``: ``speculative_generate``) and K: the new revision's seconds / the old one's per pass (median over
-passes, each pass's kept) and whether every output of the two is equal.
+passes, each pass's kept), whether every output of the two is equal, and whether their decodes went alike:
+the same rounds, draft forwards and accepted tokens per draft position (greedy outputs are the target's whatever
+the proposer does; these are not).
 
     git show HEAD~1:decode/loop.py > /tmp/old_loop.py
     python scripts/bench_loop_revision.py --old /tmp/old_loop.py --target DIR --eagle DIR --data DATAGEN_DIR --k 1 2
@@ -55,6 +57,12 @@ def load_old(path: str):
     return module
 
 
+def decode_of(stats) -> tuple:
+    """What two decodes of one prompt share when their loops are equivalent, beside the output."""
+    return (stats.rounds, stats.target_forwards, stats.draft_forwards, stats.drafted, stats.accepted,
+            tuple(stats.accepted_per_position), tuple(stats.drafted_per_position))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if not (args.eagle or args.draft):
@@ -78,7 +86,8 @@ def main(argv=None) -> dict:
     for run in sides.values():  # warm-up
         for mod in (old_loop, new_loop):
             run(mod, prompts[0], args.k[0])
-    cells = {(name, k): {"old_s": [], "new_s": [], "equal": True} for name in sides for k in args.k}
+    cells = {(name, k): {"old_s": [], "new_s": [], "equal": True, "same_decode": True} for name in sides
+             for k in args.k}
     for r in range(args.repeats):
         for (name, k), cell in cells.items():
             old_s = new_s = 0.0
@@ -87,13 +96,14 @@ def main(argv=None) -> dict:
                 outs = {}
                 for mod in order:
                     start = time.perf_counter()
-                    outs[mod is new_loop] = sides[name](mod, prompt, k).sequences
+                    outs[mod is new_loop] = sides[name](mod, prompt, k)
                     seconds = time.perf_counter() - start
                     if mod is new_loop:
                         new_s += seconds
                     else:
                         old_s += seconds
-                cell["equal"] &= torch.equal(outs[True], outs[False])
+                cell["equal"] &= torch.equal(outs[True].sequences, outs[False].sequences)
+                cell["same_decode"] &= decode_of(outs[True].stats) == decode_of(outs[False].stats)
             cell["old_s"].append(old_s)
             cell["new_s"].append(new_s)
     report = {"old": args.old, "target": args.target, "eagle": args.eagle, "draft": args.draft,
@@ -102,7 +112,8 @@ def main(argv=None) -> dict:
               "cells": [{"loop": name, "k": k, "new_over_old": statistics.median(n / o for n, o in
                                                                                   zip(c["new_s"], c["old_s"])),
                          "per_pass": [round(n / o, 4) for n, o in zip(c["new_s"], c["old_s"])],
-                         "old_s": c["old_s"], "new_s": c["new_s"], "outputs_equal": c["equal"]}
+                         "old_s": c["old_s"], "new_s": c["new_s"], "outputs_equal": c["equal"],
+                         "same_rounds_forwards_and_acceptance": c["same_decode"]}
                         for (name, k), c in cells.items()]}
     print(json.dumps(report, indent=2))
     return report

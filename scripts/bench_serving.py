@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
         target, drafts = args.target, named_drafts(args.draft or [])
     if not drafts:
         raise SystemExit("bench_serving.py: --draft DIR (or NAME=DIR ...) is needed with --target")
-    from draftsmith.decode.pair import check_tokenizers, load_model, load_tokenizer
+    from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
     from draftsmith.demo import demo_prompts
     from draftsmith.eval.runner import heldout_prompts
     from draftsmith.serve.server import speculative_method
@@ -145,6 +145,7 @@ def main(argv=None) -> dict:
         if speculative_method(path) == "draft_model":
             check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), target, path)
             loop_drafts[name] = load_model(path, f"draft {name!r}", "float32")
+            check_embedding_width(loop_drafts[name], tokenizer, path)
     prompts = (heldout_prompts(args.heldout, args.prompts) if args.heldout
                else demo_prompts(tokenizer, args.prompts, args.prompt_tokens, seed=0))
     started = time.time()

@@ -116,6 +116,10 @@ def check_args(args: argparse.Namespace) -> None:
             raise ShapeSearchError(f"{flag} {value}: must be >= 1")
     if args.train_full_steps is not None and args.train_full_steps < 1:
         raise ShapeSearchError(f"--train-full-steps {args.train_full_steps}: must be >= 1 (or leave it out)")
+    if args.eagle and args.backend == "hf":  # the head's loop runs the target on the lean forward
+        raise ShapeSearchError("--eagle with --backend hf: an EAGLE head runs with the target on the lean forward, "
+                               "so its costs would not be comparable to the other candidates'; give --backend lean "
+                               "(the default) or auto")
     if args.temperature < 0:
         raise ShapeSearchError(f"--temperature {args.temperature}: must be >= 0 (0 = greedy)")
     if args.lr <= 0:

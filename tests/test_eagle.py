@@ -305,6 +305,41 @@ def test_greedy_output_equals_the_targets_own(target, good_head, k):
     assert full > 0
 
 
+@torch.no_grad()
+def test_k1_rounds_accept_exactly_what_the_head_predicts_teacher_forced(target, good_head):
+    """Greedy output equals the target's whatever a loop proposes; which proposals it accepts does not. At K=1 a
+    round with n tokens known proposes from slot n-2 = (x_{n-1}, h_{n-2}), real features only, so its proposal is the
+    teacher-forced head's prediction over the final sequence: replaying the rounds from those predictions gives the
+    decode's rounds, accepted drafts and draft forwards exactly (a loop that fed a feature one slot off, or kept a
+    rejected slot, accepts other tokens)."""
+    gen = torch.Generator().manual_seed(7)
+    emb_w = target.model.embed_tokens.weight
+    checked = accepted_any = rejected_any = 0
+    for _ in range(6):
+        prompt = torch.randint(4, target.config.vocab_size, (1, 5), generator=gen)
+        p, new = prompt.shape[1], 16
+        out = eagle_generate(target, good_head, prompt, k=1, max_new_tokens=new)
+        seq = out.sequences
+        h = target.model(input_ids=seq).last_hidden_state  # h_0 .. h_{L-1}
+        hidden, _ = good_head(F.embedding(seq[:, 1:], emb_w), h[:, :-1], torch.arange(seq.shape[1] - 1)[None])
+        pred = (hidden @ target.lm_head.weight.T).argmax(-1)[0]  # pred[t]: slot t's proposal, for x_{t+2}
+        n, rounds, accepted, forwards = p + 1, 0, 0, 0
+        while n < p + new:
+            rounds += 1
+            if n == p + new - 1:  # one token left: the round verifies no draft (k_r 0)
+                n += 1
+                continue
+            forwards += 1
+            hit = int(pred[n - 2]) == int(seq[0, n])
+            accepted += hit
+            n += 2 if hit else 1
+        assert (out.stats.rounds, out.stats.accepted, out.stats.draft_forwards) == (rounds, accepted, forwards)
+        checked += 1
+        accepted_any += accepted > 0
+        rejected_any += accepted < forwards
+    assert checked == 6 and accepted_any and rejected_any  # both paths replayed
+
+
 def test_greedy_with_a_random_head_a_draft_vocabulary_and_eos(target):
     """A head that agrees with nothing, a reduced draft vocabulary and an EOS stop: still the target's output."""
     head = randomised(EagleHead(target), seed=11)

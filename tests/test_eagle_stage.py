@@ -9,6 +9,7 @@ import torch
 
 from conftest import make_model, perturbed_copy
 from draftsmith.artifacts.errors import ConfigError
+from draftsmith.preflight import check_draft_kind, check_eagle_target
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.timing import cost_ratios
 from draftsmith.eval.runner import EvalConfig, EvalError
@@ -149,3 +150,70 @@ def test_cost_ratios_time_an_eagle_head_as_its_loop_runs_it(setup, trained):
     assert set(costs["c"]) == {1, 2} and all(0 < costs["c"][k] and 0 < costs["c_v"][k] for k in (1, 2))
     vocab = torch.arange(4, 40)
     assert cost_ratios(target, head, context, [1], repeats=2, draft_vocab=vocab)["c"][1] > 0
+
+
+def test_a_head_is_trained_further_from_a_head(setup, trained, tmp_path):
+    """pair.draft = an EAGLE head's directory (the monitor's retrain of a production head): training starts from it,
+    so the first held-out evaluation is the trained head's own."""
+    out, metrics = trained
+    again = run_train(train_cfg(setup, tmp_path / "again", draft=str(out / "draft"), steps=1, lr=1e-6,
+                                eval_every=1, save_every=0))
+    start = again["history"]["eval"][0]
+    assert start["step"] == 0
+    assert start["heldout/top1_agreement"] == pytest.approx(metrics["final"]["heldout/top1_agreement"])
+    assert start["heldout/top1_agreement"] > metrics["history"]["eval"][0]["heldout/top1_agreement"] + 0.2
+
+
+def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_path, monkeypatch):
+    target = make_model("llama", seed=0)
+    rows = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    calls = []
+    real = eagle_trainer.target_features
+    monkeypatch.setattr(eagle_trainer, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    key = {"data": "a", "rows": 2}
+    first, _ = eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 2 and (tmp_path / eagle_trainer.FEATURES).exists()
+    again, _ = eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 2 and torch.equal(again[1]["h"], first[1]["h"])  # read back, not recomputed
+    eagle_trainer.load_features(tmp_path, {**key, "data": "b"}, target, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 4  # another key: computed again
+    (tmp_path / eagle_trainer.FEATURES).write_bytes(b"torn")
+    eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 6
+    other = tmp_path / "other"
+    other.mkdir()
+    eagle_trainer.load_features(other, key, target, rows, rows[:1], log=lambda m: None, write=False)
+    assert not (other / eagle_trainer.FEATURES).exists()  # a process other than the main one writes nothing
+
+
+def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(setup / "data", data)
+    cfg = train_cfg(setup, tmp_path / "t", data_dir=str(data))
+    before = eagle_trainer.features_key(cfg, 10, 2)
+    manifest = data / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["timing"] = {"total_s": 1.0}  # what a new datagen run at the same path would write
+    manifest.write_text(json.dumps(doc))
+    assert eagle_trainer.features_key(cfg, 10, 2) != before
+    assert eagle_trainer.features_key(cfg, 10, 2) == eagle_trainer.features_key(cfg, 10, 2)
+
+
+def test_preflight_refuses_targets_and_drafts_that_do_not_fit_an_eagle_run(setup, trained):
+    check_eagle_target(str(setup / "target"))  # a Llama without biases
+    with pytest.raises(ConfigError, match="method.finetune=eagle .* its model type is 'qwen2'"):
+        check_eagle_target(str(setup / "qwen"))
+    with pytest.raises(ConfigError, match="is an EAGLE head .* method.finetune=full cannot train"):
+        check_draft_kind(str(trained[0] / "draft"), "full")
+    check_draft_kind(str(trained[0] / "draft"), "eagle")
+    check_draft_kind(str(setup / "draft"), "full")
+    check_draft_kind(None, "eagle")
+
+
+def test_an_eagle_head_against_the_hf_forward_is_refused(setup, trained, tmp_path):
+    with pytest.raises(EvalError, match="decode.backend=auto"):
+        run_eval(EvalConfig(target=str(setup / "target"), drafts={"eagle": str(trained[0] / "draft")},
+                            data_dir=str(setup / "data"), out_dir=str(tmp_path / "e"), k=[1], max_new_tokens=4,
+                            max_prompts=1, cost_repeats=1, hf_ab=False, backend="hf"))

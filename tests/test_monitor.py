@@ -506,3 +506,21 @@ def test_monitor_sees_a_real_vllm_server(vllm_info, tmp_path):
     assert last["draft_tokens"] == 2 * last["drafts"]  # K=2 tokens per draft round
     assert (last["drafts"], last["accepted_tokens"]) == (direct.drafts, direct.accepted_tokens)  # the window = the load
 
+
+
+def test_an_eagle_versions_retrain_command_trains_the_head_further(tmp_path):
+    """A production EAGLE head is retrained as one (method=eagle, starting from it), a draft model as before."""
+    from draftsmith.monitor.reference import retrain_command
+
+    record = {"name": "demo", "source": {"config": {"pair": {"target": "/models/target"}}}}
+    head, model = tmp_path / "v1" / "draft", tmp_path / "v2" / "draft"
+    for path, arch in ((head, "EagleLlamaForCausalLM"), (model, "LlamaForCausalLM")):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": "llama"}))
+    args = shlex.split(retrain_command(record, head, tmp_path / "registry"))[1:]
+    assert "method=eagle" in args and f"pair.draft={head}" in args
+    assert "method=eagle" not in shlex.split(retrain_command(record, model, tmp_path / "registry"))
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", *args, "--cfg", "job"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "finetune: eagle" in proc.stdout and f"draft: {head}" in proc.stdout

@@ -135,6 +135,7 @@ def test_an_eagle_head_is_a_candidate_costed_trained_and_ranked_beside_cut_draft
     (("--layers", "0,5"), "--layers 0,5: pair.draft_layers=[0, 5]: [5] out of range"),
     (("--k", "0"), "--k 0"),
     ((), "no candidate: give draft depths with --layers"),
+    (("--layers", "1", "--eagle", "--backend", "hf"), "--eagle with --backend hf"),
 ])
 def test_bad_flags_are_one_line_errors_naming_the_flag(target_and_data, tmp_path, capsys, extra, says):
     extra = extra if "--layers" in extra or not extra else ("--layers", "1", *extra)

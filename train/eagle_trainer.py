@@ -15,15 +15,20 @@ held-out checkpoint kept), with a head in place of a draft model:
 The teacher is the target itself: one teacher-forced forward over every datagen row (prompt + completion) gives
 its post-norm features h_t, and the distribution at t+1 is its head over h_{t+1}; so ``method.loss``,
 ``method.teacher`` and datagen's stored top-k do not apply. The loss is train/eagle.py ``eagle_loss``: soft
-cross-entropy on the draft vocabulary (``method.reduced_head`` with ``eval.draft_vocab``: the ids the eval and
-vLLM propose from are ranked as for a draft model; else the full head), plus ``method.eagle_w_reg`` x the feature
-regression, plus ``method.eagle_second`` x the second proposal's cross-entropy. Held-out metrics at completion
+cross-entropy on the draft vocabulary (``method.reduced_head`` with ``eval.draft_vocab``: the ids draftsmith's
+loop proposes from, ranked as for a draft model; vLLM's EAGLE proposes over the target's full head, whose other
+rows the cross-entropy then never pushes towards or away, so the hidden state is trained for those ids only;
+else the full head), plus ``method.eagle_w_reg`` x the feature regression, plus ``method.eagle_second`` x the
+second proposal's cross-entropy. The head starts from ``cfg.draft`` when that is an EAGLE head's directory (a
+production head trained further on new data: the monitor's retrain command), else from the target's last layer
+(decode/eagle.py ``EagleHead``). Held-out metrics at completion
 slots, where a decode round proposes: ``top1_agreement`` (the head's argmax is the target's: greedy K=1 token
 acceptance on rows the target wrote greedily), ``expected_acceptance`` (sum min(p, q), p the target's full
 distribution) and ``step2_given_step1``.
 
 The features live in memory (float32, rows x tokens x hidden: 0.5 GB for the SmolLM2 preset's 2,000 rows).
-Every process computes them all; a multi-process run shards the batches as train/trainer.py does.
+Every process computes them all and the main one writes ``features.pt``; a multi-process run shards the batches
+as train/trainer.py does.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.artifacts import atomic_dir, provenance, write_json
-from draftsmith.decode.eagle import EagleHead, save_eagle
+from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
 from draftsmith.decode.eos import pretrained_eos_ids
 from draftsmith.decode.pair import load_model, load_tokenizer
 from draftsmith.decode.runners import logit_width
@@ -48,6 +53,7 @@ from draftsmith.train.data import batch_indices
 from draftsmith.train.eagle import Shifted, eagle_loss, shifted, target_features
 
 FEATURES = "features.pt"
+FEATURES_FORMAT = 1  # bump when what features.pt holds changes: older files are then computed again
 
 
 def _rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
@@ -63,9 +69,24 @@ def _rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def load_features(out_dir: Path, key: dict, target, train_rows, heldout_rows, log=print) -> tuple[list, list]:
+def features_key(cfg, n_train: int, n_heldout: int) -> dict:
+    """What makes ``features.pt`` reusable: the format, the datagen output (its path and the sha256 of its
+    manifest.json, which a regenerated output at the same path changes: its timings, counts, config), the target,
+    the rows."""
+    import hashlib
+
+    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
+
+    manifest = hashlib.sha256((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_bytes()).hexdigest()
+    return {"format": FEATURES_FORMAT, "data": str(Path(cfg.data_dir).resolve()), "data_manifest": manifest,
+            "target": str(cfg.target), "max_len": cfg.max_len, "train_rows": n_train, "heldout_rows": n_heldout}
+
+
+def load_features(out_dir: Path, key: dict, target, train_rows, heldout_rows, log=print,
+                  write: bool = True) -> tuple[list, list]:
     """The target's features of both splits: read from ``out_dir/features.pt`` when it holds these rows of this
-    target, else computed (one teacher-forced forward per batch of rows) and written there atomically."""
+    target (its key equals `key`), else computed (one teacher-forced forward per batch of rows) and, with `write`
+    (the main process), written there atomically; a torn or foreign file is computed again."""
     path = out_dir / FEATURES
     if path.exists():
         try:
@@ -79,9 +100,10 @@ def load_features(out_dir: Path, key: dict, target, train_rows, heldout_rows, lo
     tokens = sum(len(it["ids"]) for it in train + heldout)
     log(f"train: the target's features of {len(train) + len(heldout)} rows ({tokens} tokens) in "
         f"{time.perf_counter() - start:.0f} s")
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"key": key, "train": train, "heldout": heldout}, tmp)
-    os.replace(tmp, path)
+    if write:
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"key": key, "train": train, "heldout": heldout}, tmp)
+        os.replace(tmp, path)
     return train, heldout
 
 
@@ -154,8 +176,12 @@ def run(cfg) -> dict:
                             f"with here ({reason}): draftsmith's loop runs the head on the lean forward; train a "
                             "draft model instead (method.finetune=full)")
     try:
-        head = EagleHead(target)
-    except ValueError as exc:
+        if is_eagle_dir(cfg.draft):  # a head trained before, trained further
+            head = load_eagle(cfg.draft, target).train()
+            accelerator.print(f"train: the EAGLE head starts from {cfg.draft}")
+        else:
+            head = EagleHead(target)
+    except (ValueError, RuntimeError) as exc:
         raise TrainingError(f"method.finetune=eagle: {exc}") from exc
 
     width = logit_width(target)
@@ -172,14 +198,16 @@ def run(cfg) -> dict:
     head_w = full_w[vocab]
 
     heldout_split = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
-    key = {"data": str(Path(cfg.data_dir).resolve()), "target": str(cfg.target), "max_len": cfg.max_len,
-           "train_rows": len(ds["train"]), "heldout_rows": len(heldout_split)}
+    key = features_key(cfg, len(ds["train"]), len(heldout_split))
     out_dir.mkdir(parents=True, exist_ok=True)
     ftrain, fheld = load_features(out_dir, key, target, _rows(ds["train"], cfg.max_len),
-                                  _rows(heldout_split, cfg.max_len), log=accelerator.print)
-    if len(ftrain) < cfg.batch_size:
-        raise TrainingError(f"{cfg.data_dir}: {len(ftrain)} usable training rows, fewer than "
-                            f"method.batch_size={cfg.batch_size}; lower method.batch_size or generate more data")
+                                  _rows(heldout_split, cfg.max_len), log=accelerator.print,
+                                  write=accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    world = accelerator.num_processes
+    if len(ftrain) < cfg.batch_size * world:
+        raise TrainingError(f"{cfg.data_dir}: {len(ftrain)} usable training rows, fewer than method.batch_size="
+                            f"{cfg.batch_size} x {world} processes; lower method.batch_size or generate more data")
 
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -206,7 +234,7 @@ def run(cfg) -> dict:
         return evaluate_head(bare, fheld, emb_w, head_w, full_w, vocab, cfg.batch_size, cfg.eagle_w_reg,
                              cfg.eagle_second)
 
-    rank, world = accelerator.process_index, accelerator.num_processes
+    rank = accelerator.process_index
     last_step = history["stopped_at"] or cfg.steps
     bar = progress(range(start_step, last_step), desc="train (EAGLE head)", unit="step",
                    disable=not accelerator.is_main_process, initial=start_step, total=cfg.steps)
@@ -275,6 +303,9 @@ def run(cfg) -> dict:
                "features": {"train_rows": len(ftrain), "heldout_rows": len(fheld),
                             "tokens": sum(len(it["ids"]) for it in ftrain + fheld)}}
     accelerator.wait_for_everyone()
+    # every rank's parameter checksum: identical after data-parallel training (as train/trainer.py records it)
+    checksum = torch.stack([p.detach().double().sum() for p in bare.parameters()]).sum().reshape(1)
+    metrics["rank_param_checksums"] = accelerator.gather(checksum.to(accelerator.device)).tolist()
     if accelerator.is_main_process:
         with atomic_dir(out_dir / "draft") as tmp:
             save_eagle(tmp, bare, data=str(cfg.data_dir), target=str(cfg.target), step=metrics["draft_step"],
