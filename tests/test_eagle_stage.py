@@ -68,6 +68,16 @@ def test_the_train_stage_writes_a_served_eagle_head_that_learned(setup, trained)
     assert isinstance(head, EagleHead)
 
 
+def test_a_bf16_run_learns_as_the_float32_one_does(setup, trained, tmp_path):
+    """method.mixed_precision=bf16 (the SmolLM2 preset's): the same steps reach the float32 run's held-out agreement
+    within a few points, and what is written is a float32 head vLLM loads."""
+    out, metrics = trained
+    half = run_train(train_cfg(setup, tmp_path / "bf16", mixed_precision="bf16"))
+    assert half["best"]["value"] == pytest.approx(metrics["best"]["value"], abs=0.05)
+    head = load_eagle(tmp_path / "bf16" / "draft", make_model("llama", seed=0))
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+
+
 def test_a_crashed_eagle_run_resumes_to_the_same_head(setup, tmp_path, monkeypatch):
     """Interrupted after its first checkpoint, the run resumes from it (features read back, not recomputed) and
     writes the head an uninterrupted run writes."""

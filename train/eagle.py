@@ -84,6 +84,20 @@ def shifted(items: list[dict]) -> Shifted:
     return s
 
 
+@torch.no_grad()
+def _teacher(h: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
+    """The target's distribution over the rows of `head_w` at features `h`, in float32 whatever autocast is on
+    (a bf16 teacher would round the targets the head learns)."""
+    with torch.autocast(h.device.type, enabled=False):
+        return torch.softmax(h.float() @ head_w.float().T, dim=-1)
+
+
+def _log_probs(out: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
+    """The head's log-probabilities over the rows of `head_w`: the product in autocast's precision (bf16 under
+    ``method.mixed_precision=bf16``: most of a step's time), the normalisation in float32."""
+    return torch.log_softmax((out @ head_w.T).float(), dim=-1)
+
+
 def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.Tensor,
                w_reg: float = 1.0, second: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The head's training loss on a :class:`Shifted` batch -> (loss, parts).
@@ -96,18 +110,17 @@ def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.T
     is made rather than hoped for from the regression alone (HASS, EAGLE-3's training-time test)."""
     emb = F.embedding(s.next_ids, emb_w)
     out, kv = head(emb, s.h, s.pos)
-    with torch.no_grad():
-        teacher = torch.softmax(s.h_next[s.valid] @ head_w.T, dim=-1)
-    ce = -(teacher * torch.log_softmax(out[s.valid] @ head_w.T, dim=-1)).sum(-1).mean()
-    reg = F.smooth_l1_loss(out[s.valid], s.h_next[s.valid])
+    teacher = _teacher(s.h_next[s.valid], head_w)
+    ce = -(teacher * _log_probs(out[s.valid], head_w)).sum(-1).mean()
+    reg = F.smooth_l1_loss(out[s.valid].float(), s.h_next[s.valid])
     loss, parts = ce + w_reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach())}
     if second > 0:
         own = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot t+1 reads the output at t
         out2 = head.second(emb, own, s.pos, kv)
         later = s.valid.clone()
         later[:, 0] = False  # slot 0 has no slot before it
-        teacher2 = torch.softmax(s.h_next[later] @ head_w.T, dim=-1)
-        ce2 = -(teacher2 * torch.log_softmax(out2[later] @ head_w.T, dim=-1)).sum(-1).mean()
+        teacher2 = _teacher(s.h_next[later], head_w)
+        ce2 = -(teacher2 * _log_probs(out2[later], head_w)).sum(-1).mean()
         loss = loss + second * ce2
         parts["ce2"] = float(ce2.detach())
     return loss, parts

@@ -149,14 +149,13 @@ def evaluate_head(head: EagleHead, items: list[dict], emb_w, head_w, full_w, voc
 def run(cfg) -> dict:
     """Train an EAGLE head for ``cfg.target`` (a train/trainer.py ``TrainConfig`` with ``finetune="eagle"``) on the
     datagen output ``cfg.data_dir``; returns the metrics written to ``train_metrics.json``."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from draftsmith.artifacts.progress import progress, quiet_logs
     from draftsmith.decode.lean import lean_unsupported
     from draftsmith.train.datagen import load_output
-    from draftsmith.train.trainer import (TrainingError, _lr_lambda, _mixed_precision, check_inputs, checkpoint_score,
-                                          evals_since_best, improves, load_trainable_params, trainable_params)
+    from draftsmith.train.trainer import (TrainingError, _lr_lambda, check_inputs, checkpoint_score, evals_since_best,
+                                          improves, load_trainable_params, new_accelerator, trainable_params)
 
     out_dir = Path(cfg.out_dir)
     ds, manifest = load_output(cfg.data_dir)
@@ -164,9 +163,7 @@ def run(cfg) -> dict:
     # the head proposes the target's own ids, and learns from the target's features (no stored top-k needed)
     check_inputs(replace(cfg, draft=cfg.target, teacher="online"), manifest, ds, tokenizer, tokenizer)
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=_mixed_precision(cfg, device),
-                              gradient_accumulation_steps=cfg.grad_accum, log_with=cfg.log_with,
-                              project_dir=str(out_dir))
+    accelerator = new_accelerator(cfg, device)
     set_seed(cfg.seed)
     target = load_model(cfg.target, "target", "float32", accelerator.device)
     target.requires_grad_(False)
@@ -250,7 +247,8 @@ def run(cfg) -> dict:
             idx = batch_indices(len(ftrain), cfg.batch_size, step * cfg.grad_accum + micro, cfg.seed, rank, world)
             s = _on(shifted([ftrain[i] for i in idx]), accelerator.device)
             with accelerator.accumulate(head):
-                loss, parts = eagle_loss(head, s, emb_w, head_w, cfg.eagle_w_reg, cfg.eagle_second)
+                with accelerator.autocast():  # method.mixed_precision: the head's products, its loss in float32
+                    loss, parts = eagle_loss(head, s, emb_w, head_w, cfg.eagle_w_reg, cfg.eagle_second)
                 finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1)).all()
                 if not finite:
                     last = latest_checkpoint(out_dir)

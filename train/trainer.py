@@ -222,6 +222,20 @@ def _lr_lambda(cfg: TrainConfig):
     return f
 
 
+def new_accelerator(cfg: TrainConfig, device: str):
+    """The run's Accelerator. accelerate keeps its settings (mixed precision, ...) in process-wide state that refuses
+    a second Accelerator with other settings ("AcceleratorState has already been initialized"), so a second run in
+    one process (a Hydra multirun over method.mixed_precision, the tests) starts from a cleared AcceleratorState;
+    the process's PartialState (its rank and process group) is kept."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(cpu=device == "cpu", mixed_precision=_mixed_precision(cfg, device),
+                       gradient_accumulation_steps=cfg.grad_accum, log_with=cfg.log_with,
+                       project_dir=str(cfg.out_dir))
+
+
 def _mixed_precision(cfg: TrainConfig, device: str) -> str:
     if cfg.mixed_precision != "auto":
         return cfg.mixed_precision
@@ -327,7 +341,6 @@ def run(cfg: TrainConfig) -> dict:
         from draftsmith.train import eagle_trainer
 
         return eagle_trainer.run(cfg)
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from draftsmith.artifacts.progress import progress, quiet_logs
 
@@ -340,9 +353,7 @@ def run(cfg: TrainConfig) -> dict:
     check_inputs(cfg, manifest, ds, draft_tok, target_tok)
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=_mixed_precision(cfg, device),
-                              gradient_accumulation_steps=cfg.grad_accum, log_with=cfg.log_with,
-                              project_dir=str(out_dir))
+    accelerator = new_accelerator(cfg, device)
     set_seed(cfg.seed)
     if cfg.draft_from_config:
         from transformers import AutoConfig, AutoModelForCausalLM
