@@ -249,3 +249,35 @@ def test_metrics_reach_wandb_offline(pair_dirs, tmp_path, monkeypatch):
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
     assert len(losses) == 3 and all(v > 0 for v in losses)
     assert any("heldout/top1_agreement" in r for r in rows)
+
+
+def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
+    """new_optimizer: the fused AdamW kernel on the CPU (one pass per parameter), the same update as plain AdamW
+    to float rounding, and plain AdamW where the kernel is missing (a device torch has no fused kernel for)."""
+    cfg = TrainConfig(data_dir="d", draft="m", out_dir="o", lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(7, 5, generator=gen), torch.randn(5, generator=gen)]
+    grads = [[torch.randn(t.shape, generator=gen) for t in start] for _ in range(3)]
+    fused = [torch.nn.Parameter(t.clone()) for t in start]
+    plain = [torch.nn.Parameter(t.clone()) for t in start]
+    opt = trainer.new_optimizer(fused, cfg)
+    ref = torch.optim.AdamW(plain, lr=1e-2, weight_decay=0.1, foreach=False)
+    assert opt.defaults["fused"] is True and opt.defaults["lr"] == 1e-2 and opt.defaults["weight_decay"] == 0.1
+    for step in grads:
+        for params, o in ((fused, opt), (plain, ref)):
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            o.step()
+    for a, b, s in zip(fused, plain, start):
+        assert not torch.equal(a.detach(), s)  # it moved
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+    real = torch.optim.AdamW
+
+    def no_fused_kernel(params, fused=None, **kw):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real(params, **kw)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    fallback = trainer.new_optimizer([torch.nn.Parameter(torch.zeros(3))], cfg)
+    assert isinstance(fallback, real) and not fallback.defaults["fused"] and fallback.defaults["lr"] == 1e-2

@@ -155,7 +155,8 @@ def run(cfg) -> dict:
     from draftsmith.decode.lean import lean_unsupported
     from draftsmith.train.datagen import load_output
     from draftsmith.train.trainer import (TrainingError, _lr_lambda, check_inputs, checkpoint_score, evals_since_best,
-                                          improves, load_trainable_params, new_accelerator, trainable_params)
+                                          improves, load_trainable_params, new_accelerator, new_optimizer,
+                                          trainable_params)
 
     out_dir = Path(cfg.out_dir)
     ds, manifest = load_output(cfg.data_dir)
@@ -207,7 +208,7 @@ def run(cfg) -> dict:
                             f"{cfg.batch_size} x {world} processes; lower method.batch_size or generate more data")
 
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = new_optimizer(params, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
     if accelerator.num_processes > 1 and cfg.eagle_second > 0:
         raise TrainingError("method.eagle_second > 0 runs the head's second proposal, which a multi-process run "
