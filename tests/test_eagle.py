@@ -211,6 +211,32 @@ def test_training_on_features_raises_agreement_with_the_target(target):
     assert agreement() > max(0.8, before + 0.3)
 
 
+def test_the_loss_on_completion_slots_is_the_all_slots_loss_of_those_slots_only(target):
+    """on="completion" (method.eagle_loss_on): the same cross-entropy and regression, averaged over the completion
+    slots alone, computed here by hand from the head's own outputs; prompt slots still feed the head (its outputs
+    at completion slots are those of the all-slots forward)."""
+    gen = torch.Generator().manual_seed(5)
+    rows = [(torch.randint(4, 64, (n,), generator=gen).tolist(), torch.randint(4, 64, (6,), generator=gen).tolist())
+            for n in (3, 7)]
+    s = shifted(target_features(target, rows))
+    emb_w, head_w = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    head = EagleHead(copy.deepcopy(target))
+    mask = s.valid & s.completion
+    assert 0 < int(mask.sum()) < int(s.valid.sum())
+    with torch.no_grad():
+        out, _ = head(F.embedding(s.next_ids, emb_w), s.h, s.pos)
+        p = torch.softmax(s.h_next[mask] @ head_w.T, -1)
+        ce = float(-(p * torch.log_softmax(out[mask] @ head_w.T, -1)).sum(-1).mean())
+        reg = float(F.smooth_l1_loss(out[mask], s.h_next[mask]))
+        loss, parts = eagle_loss(head, s, emb_w, head_w, w_reg=0.5, on="completion")
+        _, every = eagle_loss(head, s, emb_w, head_w, w_reg=0.5)
+    assert parts["ce"] == pytest.approx(ce, rel=1e-5) and parts["reg"] == pytest.approx(reg, rel=1e-5)
+    assert float(loss) == pytest.approx(ce + 0.5 * reg, rel=1e-5)
+    assert every["ce"] != pytest.approx(ce, rel=1e-3)  # the prompt slots were left out
+    with pytest.raises(ValueError, match="on='prompt'"):
+        eagle_loss(head, s, emb_w, head_w, on="prompt")
+
+
 def test_under_bf16_autocast_the_loss_is_the_float32_one_rounded_and_its_targets_stay_float32(target):
     """method.mixed_precision=bf16 runs the head's products in bf16 (2.3x faster per step on an AMX CPU); the
     teacher's distribution is computed in float32 regardless (rounded targets would be learned), and the loss

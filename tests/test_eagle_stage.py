@@ -68,6 +68,16 @@ def test_the_train_stage_writes_a_served_eagle_head_that_learned(setup, trained)
     assert isinstance(head, EagleHead)
 
 
+def test_a_head_trained_on_completion_slots_only_learns_and_says_so(setup, trained, tmp_path):
+    """method.eagle_loss_on=completion: the held-out agreement (measured at completion slots) still rises well
+    above the untrained head's, and the head's training record names the setting."""
+    metrics = run_train(train_cfg(setup, tmp_path / "c", eagle_loss_on="completion"))
+    evals = metrics["history"]["eval"]
+    assert metrics["best"]["value"] > max(0.3, evals[0]["heldout/top1_agreement"] + 0.2)
+    info = json.loads((tmp_path / "c" / "draft" / "draftsmith_eagle.json").read_text())
+    assert info["loss_on"] == "completion"
+
+
 def test_a_bf16_run_learns_as_the_float32_one_does(setup, trained, tmp_path):
     """method.mixed_precision=bf16 (the SmolLM2 preset's): the same steps reach the float32 run's held-out agreement
     within a few points, and what is written is a float32 head vLLM loads."""
@@ -116,6 +126,8 @@ def test_eagle_settings_and_targets_that_cannot_carry_a_head_are_clear_errors(se
         train_cfg(setup, tmp_path / "x", freeze_embeddings=True)
     with pytest.raises(ConfigError, match="method.finetune=eagle"):
         train_cfg(setup, tmp_path / "x", target=None)
+    with pytest.raises(ConfigError, match="method.eagle_loss_on"):
+        train_cfg(setup, tmp_path / "x", eagle_loss_on="prompt")
     with pytest.raises(TrainingError, match="for Llama targets"):  # Qwen2: attention biases, no EagleLlama head
         run_train(train_cfg(setup, tmp_path / "q", target=str(setup / "qwen"), allow_other_target=True))
 

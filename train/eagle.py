@@ -99,25 +99,30 @@ def _log_probs(out: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.Tensor,
-               w_reg: float = 1.0, second: float = 0.0) -> tuple[torch.Tensor, dict]:
+               w_reg: float = 1.0, second: float = 0.0, on: str = "all") -> tuple[torch.Tensor, dict]:
     """The head's training loss on a :class:`Shifted` batch -> (loss, parts).
 
     Soft cross-entropy to the target's distribution at t+1 over the rows of `head_w` (the target's head, or its
     rows on the draft vocabulary: the target's distribution renormalised there), plus `w_reg` x smooth-L1 of the
-    head's output against h_{t+1} (EAGLE's feature regression), at every real slot. With `second` > 0, plus
+    head's output against h_{t+1} (EAGLE's feature regression), at every real slot (`on` "all") or at the
+    completion slots only (`on` "completion": where decode rounds propose; EAGLE's own loss mask covers the
+    assistant's turns only); the head reads every slot before either way. With `second` > 0, plus
     `second` x the same cross-entropy of the second proposal (:meth:`EagleHead.second`, reading the head's own
     output at the slot before, gradients flowing through it): the proposal a K >= 2 round makes, trained where it
     is made rather than hoped for from the regression alone (HASS, EAGLE-3's training-time test)."""
+    if on not in ("all", "completion"):
+        raise ValueError(f"eagle_loss: on={on!r}, expected 'all' or 'completion'")
+    mask = s.valid & s.completion if on == "completion" else s.valid
     emb = F.embedding(s.next_ids, emb_w)
     out, kv = head(emb, s.h, s.pos)
-    teacher = _teacher(s.h_next[s.valid], head_w)
-    ce = -(teacher * _log_probs(out[s.valid], head_w)).sum(-1).mean()
-    reg = F.smooth_l1_loss(out[s.valid].float(), s.h_next[s.valid])
+    teacher = _teacher(s.h_next[mask], head_w)
+    ce = -(teacher * _log_probs(out[mask], head_w)).sum(-1).mean()
+    reg = F.smooth_l1_loss(out[mask].float(), s.h_next[mask])
     loss, parts = ce + w_reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach())}
     if second > 0:
         own = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot t+1 reads the output at t
         out2 = head.second(emb, own, s.pos, kv)
-        later = s.valid.clone()
+        later = mask.clone()
         later[:, 0] = False  # slot 0 has no slot before it
         teacher2 = _teacher(s.h_next[later], head_w)
         ce2 = -(teacher2 * _log_probs(out2[later], head_w)).sum(-1).mean()

@@ -19,10 +19,10 @@ cross-entropy on the draft vocabulary (``method.reduced_head`` with ``eval.draft
 loop proposes from, ranked as for a draft model; vLLM's EAGLE proposes over the target's full head, whose other
 rows the cross-entropy then never pushes towards or away, so the hidden state is trained for those ids only;
 else the full head), plus ``method.eagle_w_reg`` x the feature regression, plus ``method.eagle_second`` x the
-second proposal's cross-entropy. The head starts from ``cfg.draft`` when that is an EAGLE head's directory (a
-production head trained further on new data: the monitor's retrain command), else from the target's last layer
-(decode/eagle.py ``EagleHead``). Held-out metrics at completion
-slots, where a decode round proposes: ``top1_agreement`` (the head's argmax is the target's: greedy K=1 token
+second proposal's cross-entropy, over every slot or the completion's only (``method.eagle_loss_on``). The head
+starts from ``cfg.draft`` when that is an EAGLE head's directory (a production head trained further on new data:
+the monitor's retrain command), else from the target's last layer (decode/eagle.py ``EagleHead``). Held-out
+metrics at completion slots, where a decode round proposes: ``top1_agreement`` (the head's argmax is the target's: greedy K=1 token
 acceptance on rows the target wrote greedily), ``expected_acceptance`` (sum min(p, q), p the target's full
 distribution) and ``step2_given_step1``.
 
@@ -113,8 +113,9 @@ def _on(s: Shifted, device) -> Shifted:
 
 @torch.no_grad()
 def evaluate_head(head: EagleHead, items: list[dict], emb_w, head_w, full_w, vocab, batch_size: int, w_reg: float,
-                  second: float) -> dict:
-    """Held-out metrics of `head` on feature rows `items`: the loss, and at completion slots top-1 agreement with
+                  second: float, on: str = "all") -> dict:
+    """Held-out metrics of `head` on feature rows `items`: the loss (over the slots training covers: `on`), and at
+    completion slots top-1 agreement with
     the target's argmax (over its full head), expected acceptance sum min(p, q) (p: the target's full distribution,
     q: the head's on the draft vocabulary) and the second proposal's agreement where the first was right."""
     was_training = head.training
@@ -124,7 +125,7 @@ def evaluate_head(head: EagleHead, items: list[dict], emb_w, head_w, full_w, voc
     overlap = 0.0
     for start in range(0, len(items), batch_size):
         s = _on(shifted(items[start:start + batch_size]), device)
-        loss, _ = eagle_loss(head, s, emb_w, head_w, w_reg, second)
+        loss, _ = eagle_loss(head, s, emb_w, head_w, w_reg, second, on)
         loss_sum, batches = loss_sum + float(loss), batches + 1
         emb = F.embedding(s.next_ids, emb_w)
         out, kv = head(emb, s.h, s.pos)
@@ -230,7 +231,7 @@ def run(cfg) -> dict:
 
     def evaluate() -> dict:
         return evaluate_head(bare, fheld, emb_w, head_w, full_w, vocab, cfg.batch_size, cfg.eagle_w_reg,
-                             cfg.eagle_second)
+                             cfg.eagle_second, cfg.eagle_loss_on)
 
     rank = accelerator.process_index
     last_step = history["stopped_at"] or cfg.steps
@@ -249,7 +250,8 @@ def run(cfg) -> dict:
             s = _on(shifted([ftrain[i] for i in idx]), accelerator.device)
             with accelerator.accumulate(head):
                 with accelerator.autocast():  # method.mixed_precision: the head's products, its loss in float32
-                    loss, parts = eagle_loss(head, s, emb_w, head_w, cfg.eagle_w_reg, cfg.eagle_second)
+                    loss, parts = eagle_loss(head, s, emb_w, head_w, cfg.eagle_w_reg, cfg.eagle_second,
+                                             cfg.eagle_loss_on)
                 finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1)).all()
                 if not finite:
                     last = latest_checkpoint(out_dir)
@@ -308,7 +310,8 @@ def run(cfg) -> dict:
     if accelerator.is_main_process:
         with atomic_dir(out_dir / "draft") as tmp:
             save_eagle(tmp, bare, data=str(cfg.data_dir), target=str(cfg.target), step=metrics["draft_step"],
-                       lr=cfg.lr, w_reg=cfg.eagle_w_reg, second=cfg.eagle_second, train_rows=len(ftrain),
+                       lr=cfg.lr, w_reg=cfg.eagle_w_reg, second=cfg.eagle_second, loss_on=cfg.eagle_loss_on,
+                       train_rows=len(ftrain),
                        draft_vocab=int(vocab.numel()) if cfg.reduced_head else None)
             tokenizer.save_pretrained(tmp)
         write_json(out_dir / "train_metrics.json", metrics)

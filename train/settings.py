@@ -121,6 +121,9 @@ class TrainSettings:
     freeze_embeddings: bool = False  # full method: keep the input embedding and the output head fixed (tied or not)
     eagle_w_reg: float = 1.0  # eagle: weight of the feature regression (smooth-L1 to the target's next feature)
     eagle_second: float = 0.0  # eagle: weight of the second proposal's cross-entropy (K >= 2 rounds; 0 = EAGLE-1's)
+    # eagle: the slots the loss covers: all (every position of a row) | completion (the response's, where decode
+    # rounds propose: EAGLE's own loss mask); the head reads the prompt's slots either way
+    eagle_loss_on: str = "all"
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -181,6 +184,7 @@ class TrainSettings:
                   "head has no embedding or output head of its own: it uses the target's, frozen)")
             check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
             check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
+            check_choice("method.eagle_loss_on", self.eagle_loss_on, ("all", "completion"))
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
         if self.finetune == "lora":
