@@ -281,3 +281,18 @@ def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
     monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
     fallback = trainer.new_optimizer([torch.nn.Parameter(torch.zeros(3))], cfg)
     assert isinstance(fallback, real) and not fallback.defaults["fused"] and fallback.defaults["lr"] == 1e-2
+
+
+def test_auto_precision_is_bf16_for_an_eagle_head_on_a_cpu_with_native_bf16_only(monkeypatch):
+    amx = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile\n"
+    avx512bf16 = "flags\t\t: fpu avx512f avx512_bf16\n"
+    avx2 = "flags\t\t: fpu sse avx2 fma\n"
+    assert trainer.cpu_has_native_bf16(amx) and trainer.cpu_has_native_bf16(avx512bf16)
+    assert not trainer.cpu_has_native_bf16(avx2) and not trainer.cpu_has_native_bf16("")
+    for native in (True, False):
+        monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda cpuinfo=None, native=native: native)
+        eagle = TrainConfig(data_dir="d", draft="m", target="t", out_dir="o", finetune="eagle")
+        assert trainer._mixed_precision(eagle, "cpu") == ("bf16" if native else "no")
+        assert trainer._mixed_precision(TrainConfig(data_dir="d", draft="m", out_dir="o"), "cpu") == "no"
+        no = TrainConfig(data_dir="d", draft="m", target="t", out_dir="o", finetune="eagle", mixed_precision="no")
+        assert trainer._mixed_precision(no, "cpu") == "no"  # an explicit setting is kept

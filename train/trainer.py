@@ -238,19 +238,40 @@ def new_accelerator(cfg: TrainConfig, device: str):
 
 def new_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over `params`, fused where the device has the fused kernel (CPU and CUDA since torch 2.4): one pass over
-    each parameter instead of a dozen elementwise ones, which on a CPU are memory-bound. For the SmolLM2 preset's
-    EAGLE head (4.2M parameters) the unfused step cost about as much as the head's backward here
-    (``python scripts/bench_eagle_step.py``); the arithmetic is AdamW's either way."""
+    each parameter instead of a dozen memory-bound elementwise ones; the arithmetic is AdamW's either way. On the
+    SmolLM2 preset's EAGLE head (4.2M parameters) it saved 1% of a step on idle cores and 24% with another process on
+    them (``python scripts/bench_eagle_step.py``: 0.481 -> 0.475 s; 2.29 -> 1.73 s)."""
     try:
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     except (RuntimeError, TypeError, ValueError):  # a device or dtype without the fused kernel
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX-BF16 or AVX512-BF16, from /proc/cpuinfo's flags):
+    there bf16 autocast runs an EAGLE head's training step 1.7x faster than float32 (scripts/bench_eagle_step.py);
+    elsewhere it is emulated, and slower. False where the flags cannot be read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
 def _mixed_precision(cfg: TrainConfig, device: str) -> str:
+    """``method.mixed_precision``; auto: bf16 on a GPU that has it; on a CPU, bf16 for an EAGLE head where the CPU
+    has native bf16 products (1.7x a step there; the preset's head trained in bf16: BENCHMARKS.md; a draft model's
+    training on the CPU was not measured in bf16 and stays float32), else no."""
     if cfg.mixed_precision != "auto":
         return cfg.mixed_precision
-    return "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
+    if device == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if device == "cpu" and cfg.finetune == "eagle" and cpu_has_native_bf16() else "no"
 
 
 def on_policy_batch(student, batch: Batch, cfg: TrainConfig, pad_id: int, seed: int) -> Batch:
