@@ -78,11 +78,23 @@ def test_a_head_trained_on_completion_slots_only_learns_and_says_so(setup, train
     assert info["loss_on"] == "completion"
 
 
-def test_a_bf16_run_learns_as_the_float32_one_does(setup, trained, tmp_path):
-    """method.mixed_precision=bf16 (the SmolLM2 preset's): the same steps reach the float32 run's held-out agreement
-    within a few points, and what is written is a float32 head vLLM loads."""
+def test_a_bf16_run_learns_as_the_float32_one_does(setup, trained, tmp_path, monkeypatch):
+    """method.mixed_precision=bf16 (the SmolLM2 preset's on an AMX CPU): the training steps run under bf16 autocast,
+    the held-out evaluations in float32 (as the head is served), the same steps reach the float32 run's held-out
+    agreement within a few points, and what is written is a float32 head vLLM loads."""
     out, metrics = trained
+    seen = []
+    real = eagle_trainer.eagle_loss
+
+    def spy(head, *args, **kwargs):
+        seen.append((head.training, torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+        return real(head, *args, **kwargs)
+
+    monkeypatch.setattr(eagle_trainer, "eagle_loss", spy)
     half = run_train(train_cfg(setup, tmp_path / "bf16", mixed_precision="bf16"))
+    assert {autocast for training, autocast in seen if training} == {torch.bfloat16}
+    assert {autocast for training, autocast in seen if not training} == {False}
+    assert [t["loss"] for t in half["history"]["train"]] != [t["loss"] for t in metrics["history"]["train"]]
     assert half["best"]["value"] == pytest.approx(metrics["best"]["value"], abs=0.05)
     head = load_eagle(tmp_path / "bf16" / "draft", make_model("llama", seed=0))
     assert all(p.dtype == torch.float32 for p in head.parameters())

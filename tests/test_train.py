@@ -1,5 +1,6 @@
 """train: losses go down, agreement goes up, LoRA merge, resume equality, NaN stop, clear input errors."""
 
+import dataclasses
 import json
 
 import pytest
@@ -253,7 +254,7 @@ def test_metrics_reach_wandb_offline(pair_dirs, tmp_path, monkeypatch):
 
 def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
     """new_optimizer: the fused AdamW kernel on the CPU (one pass per parameter), the same update as plain AdamW
-    to float rounding, and plain AdamW where the kernel is missing (a device torch has no fused kernel for)."""
+    to float rounding, and plain AdamW where torch has no fused kernel for the parameters' device."""
     cfg = TrainConfig(data_dir="d", draft="m", out_dir="o", lr=1e-2, weight_decay=0.1)
     gen = torch.Generator().manual_seed(0)
     start = [torch.randn(7, 5, generator=gen), torch.randn(5, generator=gen)]
@@ -271,16 +272,14 @@ def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
     for a, b, s in zip(fused, plain, start):
         assert not torch.equal(a.detach(), s)  # it moved
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
-    real = torch.optim.AdamW
+    # torch checks the fused kernel's devices only at the first step(): new_optimizer asks before building it
+    import torch.utils._foreach_utils as foreach_utils
 
-    def no_fused_kernel(params, fused=None, **kw):
-        if fused:
-            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
-        return real(params, **kw)
-
-    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    monkeypatch.setattr(foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
     fallback = trainer.new_optimizer([torch.nn.Parameter(torch.zeros(3))], cfg)
-    assert isinstance(fallback, real) and not fallback.defaults["fused"] and fallback.defaults["lr"] == 1e-2
+    assert not fallback.defaults["fused"] and fallback.defaults["lr"] == 1e-2
+    fallback.param_groups[0]["params"][0].grad = torch.ones(3)
+    fallback.step()  # steps, where a fused optimizer on a device without the kernel would raise here
 
 
 def test_auto_precision_is_bf16_for_an_eagle_head_on_a_cpu_with_native_bf16_only(monkeypatch):
@@ -296,3 +295,16 @@ def test_auto_precision_is_bf16_for_an_eagle_head_on_a_cpu_with_native_bf16_only
         assert trainer._mixed_precision(TrainConfig(data_dir="d", draft="m", out_dir="o"), "cpu") == "no"
         no = TrainConfig(data_dir="d", draft="m", target="t", out_dir="o", finetune="eagle", mixed_precision="no")
         assert trainer._mixed_precision(no, "cpu") == "no"  # an explicit setting is kept
+
+
+def test_a_second_run_in_one_process_takes_its_own_precision(tmp_path):
+    """accelerate keeps process-wide state that refused a second Accelerator with another mixed precision (a Hydra
+    multirun over method.mixed_precision); new_accelerator starts each run from a cleared state."""
+    from accelerate.state import PartialState
+
+    cfg = TrainConfig(data_dir="d", draft="m", target="t", out_dir=str(tmp_path), finetune="eagle")
+    first = trainer.new_accelerator(dataclasses.replace(cfg, mixed_precision="bf16"), "cpu")
+    assert first.mixed_precision == "bf16"
+    second = trainer.new_accelerator(dataclasses.replace(cfg, mixed_precision="no"), "cpu")
+    assert second.mixed_precision == "no" and second.device.type == "cpu"
+    assert PartialState().num_processes == 1

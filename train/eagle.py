@@ -115,17 +115,25 @@ def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.T
     mask = s.valid & s.completion if on == "completion" else s.valid
     emb = F.embedding(s.next_ids, emb_w)
     out, kv = head(emb, s.h, s.pos)
-    teacher = _teacher(s.h_next[mask], head_w)
-    ce = -(teacher * _log_probs(out[mask], head_w)).sum(-1).mean()
-    reg = F.smooth_l1_loss(out[mask].float(), s.h_next[mask])
+    zero = out.sum() * 0.0  # a batch without a slot to score (every completion cut off): no gradient, no NaN
+    if mask.any():
+        teacher = _teacher(s.h_next[mask], head_w)
+        ce = -(teacher * _log_probs(out[mask], head_w)).sum(-1).mean()
+        reg = F.smooth_l1_loss(out[mask].float(), s.h_next[mask])
+    else:
+        ce = reg = zero
     loss, parts = ce + w_reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach())}
     if second > 0:
         own = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot t+1 reads the output at t
         out2 = head.second(emb, own, s.pos, kv)
-        later = mask.clone()
-        later[:, 0] = False  # slot 0 has no slot before it
-        teacher2 = _teacher(s.h_next[later], head_w)
-        ce2 = -(teacher2 * _log_probs(out2[later], head_w)).sum(-1).mean()
+        # a second proposal at slot t reads the first one's output at t-1: both scored slots (slot 0 has none before)
+        later = torch.zeros_like(mask)
+        later[:, 1:] = mask[:, 1:] & mask[:, :-1]
+        if later.any():
+            teacher2 = _teacher(s.h_next[later], head_w)
+            ce2 = -(teacher2 * _log_probs(out2[later], head_w)).sum(-1).mean()
+        else:
+            ce2 = out2.sum() * 0.0
         loss = loss + second * ce2
         parts["ce2"] = float(ce2.detach())
     return loss, parts

@@ -227,7 +227,9 @@ def run(cfg) -> dict:
     if accelerator.is_main_process and cfg.log_with:
         accelerator.init_trackers(cfg.tracker_project, config=asdict(cfg), init_kwargs=cfg.tracker_init)
 
-    bare = accelerator.unwrap_model(head)
+    # the bare head without accelerate's autocast wrapper: held-out metrics (and the best step they pick) in
+    # float32, as the head is served; training still runs under the autocast around its loss
+    bare = accelerator.unwrap_model(head, keep_fp32_wrapper=False)
 
     def evaluate() -> dict:
         return evaluate_head(bare, fheld, emb_w, head_w, full_w, vocab, cfg.batch_size, cfg.eagle_w_reg,

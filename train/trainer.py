@@ -225,32 +225,45 @@ def _lr_lambda(cfg: TrainConfig):
 def new_accelerator(cfg: TrainConfig, device: str):
     """The run's Accelerator. accelerate keeps its settings (mixed precision, ...) in process-wide state that refuses
     a second Accelerator with other settings ("AcceleratorState has already been initialized"), so a second run in
-    one process (a Hydra multirun over method.mixed_precision, the tests) starts from a cleared AcceleratorState;
-    the process's PartialState (its rank and process group) is kept."""
+    one process (a Hydra multirun over method.mixed_precision, the tests) starts from a cleared AcceleratorState.
+    A single process also clears its PartialState (which holds the device: a run on another ``method.device``
+    must not inherit the first run's); a launched process keeps it (its rank and process group)."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
 
-    AcceleratorState._reset_state(reset_partial_state=False)
+    single = not PartialState._shared_state or PartialState().num_processes == 1
+    AcceleratorState._reset_state(reset_partial_state=single)
     return Accelerator(cpu=device == "cpu", mixed_precision=_mixed_precision(cfg, device),
                        gradient_accumulation_steps=cfg.grad_accum, log_with=cfg.log_with,
                        project_dir=str(cfg.out_dir))
 
 
+def _fused_adamw_fits(params: list) -> bool:
+    """Whether torch's fused AdamW kernel takes every parameter (floating point, on a device it is built for): torch
+    checks this only at the first ``step()``, so it is asked here, before the optimizer is built."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        devices = set(_get_fused_kernels_supported_devices())
+    except (ImportError, AttributeError):  # another torch: no fused kernel assumed
+        return False
+    return all(p.device.type in devices and torch.is_floating_point(p) for p in params)
+
+
 def new_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over `params`, fused where the device has the fused kernel (CPU and CUDA since torch 2.4): one pass over
+    """AdamW over `params`, fused where torch has the kernel for them (CPU and CUDA since torch 2.4): one pass over
     each parameter instead of a dozen memory-bound elementwise ones; the arithmetic is AdamW's either way. On the
     SmolLM2 preset's EAGLE head (4.2M parameters) it saved 1% of a step on idle cores and 24% with another process on
     them (``python scripts/bench_eagle_step.py``: 0.481 -> 0.475 s; 2.29 -> 1.73 s)."""
-    try:
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-    except (RuntimeError, TypeError, ValueError):  # a device or dtype without the fused kernel
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    params = list(params)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=_fused_adamw_fits(params))
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AMX-BF16 or AVX512-BF16, from /proc/cpuinfo's flags):
-    there bf16 autocast runs an EAGLE head's training step 1.7x faster than float32 (scripts/bench_eagle_step.py);
-    elsewhere it is emulated, and slower. False where the flags cannot be read (not Linux)."""
+    on an AMX host (both flags) bf16 autocast ran an EAGLE head's training step 1.7x faster than float32
+    (scripts/bench_eagle_step.py; an AVX512-BF16 host without AMX was not measured); elsewhere bf16 is emulated,
+    and slower. False where the flags cannot be read (not Linux)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -265,8 +278,8 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 
 def _mixed_precision(cfg: TrainConfig, device: str) -> str:
     """``method.mixed_precision``; auto: bf16 on a GPU that has it; on a CPU, bf16 for an EAGLE head where the CPU
-    has native bf16 products (1.7x a step there; the preset's head trained in bf16: BENCHMARKS.md; a draft model's
-    training on the CPU was not measured in bf16 and stays float32), else no."""
+    has native bf16 products (1.7x a step on an AMX host; the preset's head trained in bf16: BENCHMARKS.md; a
+    draft model's training on the CPU was not measured in bf16 and stays float32), else no."""
     if cfg.mixed_precision != "auto":
         return cfg.mixed_precision
     if device == "cuda":
