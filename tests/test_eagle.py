@@ -255,6 +255,42 @@ def test_the_loss_on_completion_slots_is_the_all_slots_loss_of_those_slots_only(
         eagle_loss(head, s, emb_w, head_w, on="prompt")
 
 
+def test_noise_jitters_the_features_the_head_reads_within_its_bound_and_not_its_targets(target):
+    """method.eagle_noise (EAGLE-1's augmentation): the head reads h + U[-noise, noise] (each entry moved, none by
+    more than the bound), while the teacher and the regression target stay the clean h_{t+1}: the loss equals
+    the clean-input loss of a head fed those jittered features; noise 0 is the loss without it."""
+    gen = torch.Generator().manual_seed(7)
+    rows = [(torch.randint(4, 64, (4,), generator=gen).tolist(), torch.randint(4, 64, (5,), generator=gen).tolist())
+            for _ in range(2)]
+    s = shifted(target_features(target, rows))
+    emb_w, head_w = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    head = EagleHead(copy.deepcopy(target))
+    seen = []
+    real_forward = head.forward
+
+    def spy(emb, h, pos, *args, **kwargs):
+        seen.append(h.detach().clone())
+        return real_forward(emb, h, pos, *args, **kwargs)
+
+    head.forward = spy
+    with torch.no_grad():
+        clean, _ = eagle_loss(head, s, emb_w, head_w, w_reg=0.5)
+        assert float(eagle_loss(head, s, emb_w, head_w, w_reg=0.5, noise=0.0)[0]) == float(clean)
+        torch.manual_seed(0)
+        noisy, _ = eagle_loss(head, s, emb_w, head_w, w_reg=0.5, noise=0.25)
+    jitter = seen[-1] - s.h
+    assert 0 < float(jitter.abs().max()) <= 0.25 and bool((jitter != 0).all())
+    assert float(jitter.abs().max()) > 0.2  # spread over the bound, not a tiny constant
+    assert float(noisy) != pytest.approx(float(clean), rel=1e-4)
+    # the same loss by hand: the jittered features in, the clean next features as teacher and regression target
+    with torch.no_grad():
+        out, _ = real_forward(F.embedding(s.next_ids, emb_w), seen[-1], s.pos)
+        p = torch.softmax(s.h_next[s.valid] @ head_w.T, -1)
+        ce = float(-(p * torch.log_softmax(out[s.valid] @ head_w.T, -1)).sum(-1).mean())
+        reg = float(F.smooth_l1_loss(out[s.valid], s.h_next[s.valid]))
+    assert float(noisy) == pytest.approx(ce + 0.5 * reg, rel=1e-5)
+
+
 def test_under_bf16_autocast_the_loss_is_the_float32_one_rounded_and_its_targets_stay_float32(target):
     """method.mixed_precision=bf16 runs the head's products in bf16 (1.7x faster per step on an AMX CPU); the
     teacher's distribution is computed in float32 regardless (rounded targets would be learned), and the loss

@@ -140,6 +140,8 @@ def test_eagle_settings_and_targets_that_cannot_carry_a_head_are_clear_errors(se
         train_cfg(setup, tmp_path / "x", target=None)
     with pytest.raises(ConfigError, match="method.eagle_loss_on"):
         train_cfg(setup, tmp_path / "x", eagle_loss_on="prompt")
+    with pytest.raises(ConfigError, match="method.eagle_noise"):
+        train_cfg(setup, tmp_path / "x", eagle_noise=-0.1)
     with pytest.raises(TrainingError, match="for Llama targets"):  # Qwen2: attention biases, no EagleLlama head
         run_train(train_cfg(setup, tmp_path / "q", target=str(setup / "qwen"), allow_other_target=True))
 

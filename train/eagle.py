@@ -99,7 +99,8 @@ def _log_probs(out: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.Tensor,
-               w_reg: float = 1.0, second: float = 0.0, on: str = "all") -> tuple[torch.Tensor, dict]:
+               w_reg: float = 1.0, second: float = 0.0, on: str = "all",
+               noise: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The head's training loss on a :class:`Shifted` batch -> (loss, parts).
 
     Soft cross-entropy to the target's distribution at t+1 over the rows of `head_w` (the target's head, or its
@@ -109,12 +110,15 @@ def eagle_loss(head: EagleHead, s: Shifted, emb_w: torch.Tensor, head_w: torch.T
     assistant's turns only); the head reads every slot before either way. With `second` > 0, plus
     `second` x the same cross-entropy of the second proposal (:meth:`EagleHead.second`, reading the head's own
     output at the slot before, gradients flowing through it): the proposal a K >= 2 round makes, trained where it
-    is made rather than hoped for from the regression alone (HASS, EAGLE-3's training-time test)."""
+    is made rather than hoped for from the regression alone (HASS, EAGLE-3's training-time test). With `noise` > 0,
+    the features the head reads (not the targets it learns) get uniform noise in [-noise, noise] (EAGLE-1's data
+    augmentation: a head that tolerates features a little off, and sees each row a little differently per pass)."""
     if on not in ("all", "completion"):
         raise ValueError(f"eagle_loss: on={on!r}, expected 'all' or 'completion'")
     mask = s.valid & s.completion if on == "completion" else s.valid
     emb = F.embedding(s.next_ids, emb_w)
-    out, kv = head(emb, s.h, s.pos)
+    h = s.h + (torch.rand_like(s.h) * 2 - 1) * noise if noise > 0 else s.h
+    out, kv = head(emb, h, s.pos)
     zero = out.sum() * 0.0  # a batch without a slot to score (every completion cut off): no gradient, no NaN
     if mask.any():
         teacher = _teacher(s.h_next[mask], head_w)

@@ -19,7 +19,8 @@ cross-entropy on the draft vocabulary (``method.reduced_head`` with ``eval.draft
 loop proposes from, ranked as for a draft model; vLLM's EAGLE proposes over the target's full head, whose other
 rows the cross-entropy then never pushes towards or away, so the hidden state is trained for those ids only;
 else the full head), plus ``method.eagle_w_reg`` x the feature regression, plus ``method.eagle_second`` x the
-second proposal's cross-entropy, over every slot or the completion's only (``method.eagle_loss_on``). The head
+second proposal's cross-entropy, over every slot or the completion's only (``method.eagle_loss_on``), the features
+the head reads jittered by ``method.eagle_noise`` (uniform, training steps only). The head
 starts from ``cfg.draft`` when that is an EAGLE head's directory (a production head trained further on new data:
 the monitor's retrain command), else from the target's last layer (decode/eagle.py ``EagleHead``). Held-out
 metrics at completion slots, where a decode round proposes: ``top1_agreement`` (the head's argmax is the target's: greedy K=1 token
@@ -253,7 +254,7 @@ def run(cfg) -> dict:
             with accelerator.accumulate(head):
                 with accelerator.autocast():  # method.mixed_precision: the head's products, its loss in float32
                     loss, parts = eagle_loss(head, s, emb_w, head_w, cfg.eagle_w_reg, cfg.eagle_second,
-                                             cfg.eagle_loss_on)
+                                             cfg.eagle_loss_on, cfg.eagle_noise)
                 finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1)).all()
                 if not finite:
                     last = latest_checkpoint(out_dir)
@@ -313,6 +314,7 @@ def run(cfg) -> dict:
         with atomic_dir(out_dir / "draft") as tmp:
             save_eagle(tmp, bare, data=str(cfg.data_dir), target=str(cfg.target), step=metrics["draft_step"],
                        lr=cfg.lr, w_reg=cfg.eagle_w_reg, second=cfg.eagle_second, loss_on=cfg.eagle_loss_on,
+                       noise=cfg.eagle_noise,
                        train_rows=len(ftrain),
                        draft_vocab=int(vocab.numel()) if cfg.reduced_head else None)
             tokenizer.save_pretrained(tmp)

@@ -124,6 +124,7 @@ class TrainSettings:
     # eagle: the slots the loss covers: all (every position of a row) | completion (the response's, where decode
     # rounds propose: EAGLE's own loss mask); the head reads the prompt's slots either way
     eagle_loss_on: str = "all"
+    eagle_noise: float = 0.0  # eagle: uniform noise in [-x, x] on the features the head reads in training (EAGLE-1's)
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -185,6 +186,7 @@ class TrainSettings:
             check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
             check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
             check_choice("method.eagle_loss_on", self.eagle_loss_on, ("all", "completion"))
+            check(self.eagle_noise >= 0, f"method.eagle_noise must be >= 0, got {self.eagle_noise}")
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
         if self.finetune == "lora":
