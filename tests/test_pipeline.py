@@ -266,7 +266,8 @@ def test_smollm2_preset_composes_to_a_valid_config():
     assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 2400
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [1]  # batch 1 measures K=2 beside K=1; vLLM serves K=1
-    assert (cfg.data.responses, cfg.data.demo_scored > 0) == ("auto", True)
+    # chat the target answers (1,280 prompts), no scored passages: measured better on the eval's prompts
+    assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 1280, 0)
     assert cfg.method.reduced_head and cfg.eval.draft_vocab > 0 and cfg.method.keep_best
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 
