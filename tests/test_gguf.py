@@ -436,10 +436,11 @@ def test_draft_layers_errors_from_the_command_line(gguf_pair, tmp_path, monkeypa
 
 
 def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, bpe, monkeypatch):
-    """experiment=smollm2-135m as it ships (an EAGLE head, the chat prompts answered by the target beside reference
-    passages it scores, the head trained on the draft vocabulary, the best held-out head kept), with only the target
-    swapped for a tiny 4-layer GGUF stand-in and the sizes cut: datagen, train and eval run, the head in eval's loop
-    with greedy output equal to the target's."""
+    """experiment=smollm2-135m as it ships (an EAGLE head, the chat prompts answered by the target, the head trained
+    on the draft vocabulary, the best held-out head kept), with only the target swapped for a tiny 4-layer GGUF
+    stand-in and the sizes cut, plus data.demo_scored=24 reference passages for the target to score (the mix of
+    given and generated responses the preset takes with that override): datagen, train and eval run, the head in
+    eval's loop with greedy output equal to the target's."""
     from draftsmith.decode.eagle import is_eagle_dir
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))

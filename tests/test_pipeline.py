@@ -249,8 +249,8 @@ def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsy
 
 
 def test_smollm2_preset_composes_to_a_valid_config():
-    """experiment=smollm2-135m: the GGUF target from its package, an EAGLE head for it, chat prompts and scored
-    reference passages, the head trained on the draft vocabulary.
+    """experiment=smollm2-135m: the GGUF target from its package, an EAGLE head for it, chat prompts the target
+    answers, the head trained on the draft vocabulary.
     (Run end to end by hand: BENCHMARKS.md "A real model"; the slow tests/test_real_model.py decodes with it.)"""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
@@ -266,6 +266,7 @@ def test_smollm2_preset_composes_to_a_valid_config():
     assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 2400
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [1]  # batch 1 measures K=2 beside K=1; vLLM serves K=1
+    assert (cfg.serve.max_repeats, cfg.serve.decision_servers) == (7, 2)  # up to two more lives when undecided
     # chat the target answers (1,280 prompts), no scored passages: measured better on the eval's prompts
     assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 1280, 0)
     assert cfg.method.reduced_head and cfg.eval.draft_vocab > 0 and cfg.method.keep_best
