@@ -41,3 +41,10 @@ def pretrained_eos_ids(path: str | Path, tokenizer) -> set[int]:
     except OSError:
         generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(path))
     return eos_ids(generation_config, tokenizer)
+
+
+def trim_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines
+    and for given responses."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
+    return (tokens[:end], True) if end is not None else (list(tokens), False)

@@ -1,5 +1,5 @@
 """One EAGLE-head training step (train/eagle.py ``eagle_loss`` + backward + AdamW) as the train stage ran it
-before (float32, AdamW unfused), with the fused AdamW of train/trainer.py ``new_optimizer``, and with that under
+before (float32, AdamW unfused), with the fused AdamW of train/loop.py ``new_optimizer``, and with that under
 bf16 autocast (``method.mixed_precision=bf16``), side by side.
 
 The head is built over a target of the given shape (default: SmolLM2-135M's: hidden 576, 9 heads / 3 KV heads,
@@ -49,7 +49,8 @@ def main(argv=None) -> dict:
 
     from draftsmith.decode.eagle import EagleHead
     from draftsmith.train.eagle import eagle_loss, shifted
-    from draftsmith.train.trainer import TrainConfig, new_optimizer
+    from draftsmith.train.loop import new_optimizer
+    from draftsmith.train.settings import TrainConfig
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=args.target_vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,

@@ -20,6 +20,8 @@ from draftsmith.decode.pair import load_model
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.vocab import datagen_vocab
 from draftsmith.train import trainer
+from draftsmith.train import distill, loop
+from draftsmith.train.checkpoints import latest_checkpoint
 from draftsmith.train.data import collate
 
 
@@ -36,7 +38,7 @@ def main() -> None:
     model = load_model(args.draft, "draft", "float32", "cpu")
     model.train()
     if args.freeze:
-        trainer.freeze_embeddings(model)
+        distill.freeze_embeddings(model)
     width = logit_width(model)
     eos = model.generation_config.eos_token_id
     vocab, _ = datagen_vocab(args.data, args.vocab, width, eos)
@@ -50,7 +52,7 @@ def main() -> None:
                 ids = vocab if name == "reduced" else None
                 model.zero_grad(set_to_none=True)
                 started = time.perf_counter()
-                loss, _ = trainer.batch_loss(cfg, trainer.loss_logits(model, batch, ids), batch, None, width, ids)
+                loss, _ = distill.batch_loss(cfg, distill.loss_logits(model, batch, ids), batch, None, width, ids)
                 loss.backward()
                 times[name].append(time.perf_counter() - started)
                 losses[name].append(loss.item())

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.decode.vocab import datagen_vocab
     from draftsmith.train.datagen import load_output
     from draftsmith.train.eagle import target_features
-    from draftsmith.train.eagle_trainer import _rows, evaluate_head
+    from draftsmith.train.eagle_objective import _rows, evaluate_head
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("heads", nargs="+", help="EAGLE head directories (a train stage's draft/)")

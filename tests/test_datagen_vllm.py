@@ -13,7 +13,8 @@ from conftest import EOS_ID, make_model, make_tokenizer
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.errors import VllmError
 from draftsmith.serve.server import require_vllm
-from draftsmith.train.datagen import DatagenConfig, load_output, run, trim_at_eos
+from draftsmith.decode.eos import trim_at_eos
+from draftsmith.train.datagen import DatagenConfig, load_output, run
 from draftsmith.train.datagen_vllm import generate_all, records_of, request_body, server_args, server_spec, top_k_of
 from draftsmith.train.settings import DatagenSettings, DatagenVllmSettings
 

@@ -1,4 +1,4 @@
-"""An EAGLE head through the stages: ``method.finetune=eagle`` trains one on a datagen output (train/eagle_trainer.py),
+"""An EAGLE head through the stages: ``method.finetune=eagle`` trains one on a datagen output (train/eagle_objective.py),
 resumably, and writes vLLM's checkpoint as the train output; the eval stage runs it in eagle_generate beside draft
 models, greedy output equal to the target's, its costs timed as that loop runs it."""
 
@@ -14,7 +14,7 @@ from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.timing import cost_ratios
 from draftsmith.eval.runner import EvalConfig, EvalError
 from draftsmith.eval.runner import run as run_eval
-from draftsmith.train import eagle_trainer
+from draftsmith.train import eagle_objective, loop
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
 from draftsmith.train.trainer import TrainConfig, TrainingError
@@ -57,7 +57,7 @@ def test_the_train_stage_writes_a_served_eagle_head_that_learned(setup, trained)
     assert json.loads((draft / "draftsmith_eagle.json").read_text())["kind"] == "eagle"
     assert (draft / "tokenizer.json").exists()  # the target's: draft-directory checks (registry, eval) read it
     assert json.loads((out / "manifest.json").read_text())["kind"] == "eagle"
-    assert not (out / eagle_trainer.FEATURES).exists()  # kept only until the stage completes
+    assert not (out / eagle_objective.FEATURES).exists()  # kept only until the stage completes
     evals = metrics["history"]["eval"]
     assert [e["step"] for e in evals] == [0, 40, 80, 120]
     first, best = evals[0]["heldout/top1_agreement"], metrics["best"]["value"]
@@ -84,13 +84,13 @@ def test_a_bf16_run_learns_as_the_float32_one_does(setup, trained, tmp_path, mon
     agreement within a few points, and what is written is a float32 head vLLM loads."""
     out, metrics = trained
     seen = []
-    real = eagle_trainer.eagle_loss
+    real = eagle_objective.eagle_loss
 
     def spy(head, *args, **kwargs):
         seen.append((head.training, torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
         return real(head, *args, **kwargs)
 
-    monkeypatch.setattr(eagle_trainer, "eagle_loss", spy)
+    monkeypatch.setattr(eagle_objective, "eagle_loss", spy)
     half = run_train(train_cfg(setup, tmp_path / "bf16", mixed_precision="bf16"))
     assert {autocast for training, autocast in seen if training} == {torch.bfloat16}
     assert {autocast for training, autocast in seen if not training} == {False}
@@ -105,7 +105,7 @@ def test_a_crashed_eagle_run_resumes_to_the_same_head(setup, tmp_path, monkeypat
     writes the head an uninterrupted run writes."""
     whole = tmp_path / "whole"
     run_train(train_cfg(setup, whole, steps=40, save_every=20, eval_every=20))
-    real_save = eagle_trainer.save_checkpoint
+    real_save = loop.save_checkpoint
 
     class Crash(RuntimeError):
         pass
@@ -115,13 +115,13 @@ def test_a_crashed_eagle_run_resumes_to_the_same_head(setup, tmp_path, monkeypat
         raise Crash(str(path))
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(eagle_trainer, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_crash)
     with pytest.raises(Crash):
         run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
-    monkeypatch.setattr(eagle_trainer, "save_checkpoint", real_save)
-    assert (cut / eagle_trainer.FEATURES).exists() and not (cut / "draft").exists()
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    assert (cut / eagle_objective.FEATURES).exists() and not (cut / "draft").exists()
     computed = []
-    monkeypatch.setattr(eagle_trainer, "target_features", lambda *a, **k: computed.append(1))
+    monkeypatch.setattr(eagle_objective, "target_features", lambda *a, **k: computed.append(1))
     metrics = run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
     assert computed == []  # the features came from the run that crashed
     assert [e["step"] for e in metrics["history"]["eval"]] == [0, 20, 40]
@@ -204,22 +204,22 @@ def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_pat
     target = make_model("llama", seed=0)
     rows = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
     calls = []
-    real = eagle_trainer.target_features
-    monkeypatch.setattr(eagle_trainer, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = eagle_objective.target_features
+    monkeypatch.setattr(eagle_objective, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     key = {"data": "a", "rows": 2}
-    first, _ = eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
-    assert len(calls) == 2 and (tmp_path / eagle_trainer.FEATURES).exists()
-    again, _ = eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    first, _ = eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 2 and (tmp_path / eagle_objective.FEATURES).exists()
+    again, _ = eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 2 and torch.equal(again[1]["h"], first[1]["h"])  # read back, not recomputed
-    eagle_trainer.load_features(tmp_path, {**key, "data": "b"}, target, rows, rows[:1], log=lambda m: None)
+    eagle_objective.load_features(tmp_path, {**key, "data": "b"}, target, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 4  # another key: computed again
-    (tmp_path / eagle_trainer.FEATURES).write_bytes(b"torn")
-    eagle_trainer.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    (tmp_path / eagle_objective.FEATURES).write_bytes(b"torn")
+    eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 6
     other = tmp_path / "other"
     other.mkdir()
-    eagle_trainer.load_features(other, key, target, rows, rows[:1], log=lambda m: None, write=False)
-    assert not (other / eagle_trainer.FEATURES).exists()  # a process other than the main one writes nothing
+    eagle_objective.load_features(other, key, target, rows, rows[:1], log=lambda m: None, write=False)
+    assert not (other / eagle_objective.FEATURES).exists()  # a process other than the main one writes nothing
 
 
 def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, tmp_path):
@@ -228,13 +228,13 @@ def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, 
     data = tmp_path / "data"
     shutil.copytree(setup / "data", data)
     cfg = train_cfg(setup, tmp_path / "t", data_dir=str(data))
-    before = eagle_trainer.features_key(cfg, 10, 2)
+    before = eagle_objective.features_key(cfg, 10, 2)
     manifest = data / "manifest.json"
     doc = json.loads(manifest.read_text())
     doc["timing"] = {"total_s": 1.0}  # what a new datagen run at the same path would write
     manifest.write_text(json.dumps(doc))
-    assert eagle_trainer.features_key(cfg, 10, 2) != before
-    assert eagle_trainer.features_key(cfg, 10, 2) == eagle_trainer.features_key(cfg, 10, 2)
+    assert eagle_objective.features_key(cfg, 10, 2) != before
+    assert eagle_objective.features_key(cfg, 10, 2) == eagle_objective.features_key(cfg, 10, 2)
 
 
 def test_preflight_refuses_targets_and_drafts_that_do_not_fit_an_eagle_run(setup, trained):

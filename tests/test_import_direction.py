@@ -90,3 +90,53 @@ def test_rooms_never_import_hydra_or_wandb():
              for room in ALLOWED for path in sorted((ROOT / room).rglob("*.py"))
              for name in imported_modules(path) if name.split(".")[0] in ("hydra", "omegaconf", "wandb")]
     assert not wrong, "\n".join(wrong)
+
+
+def module_graph(room: str) -> dict[str, set[str]]:
+    """module -> the modules of the same room it imports (lazy imports included), e.g. train.trainer -> {train.loop}."""
+    graph = {}
+    for path in sorted((ROOT / room).glob("*.py")):
+        own = f"{SPINE}.{room}.{path.stem}"
+        graph[own] = set()
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[:2] == [SPINE, room] and (ROOT / room / f"{parts[2]}.py").exists():
+                if f"{SPINE}.{room}.{parts[2]}" != own:
+                    graph[own].add(f"{SPINE}.{room}.{parts[2]}")
+    return graph
+
+
+def a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_a_cycle_is_found_where_there_is_one():
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_inside_a_room():
+    """One training loop: the objectives import train/loop.py, never the stage that picks them (train/trainer.py);
+    no room's modules import each other in a circle."""
+    assert "draftsmith.train.loop" in module_graph("train")["draftsmith.train.trainer"]
+    cycles = {room: a_cycle(module_graph(room)) for room in ALLOWED}
+    assert not any(cycles.values()), {room: " -> ".join(c) for room, c in cycles.items() if c}

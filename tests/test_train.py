@@ -10,6 +10,8 @@ from safetensors.torch import load_file
 from conftest import make_model, make_tokenizer
 from draftsmith.artifacts.errors import ConfigError, UserError
 from draftsmith.train import trainer
+from draftsmith.train import distill, loop
+from draftsmith.train.checkpoints import latest_checkpoint
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
 from draftsmith.train.trainer import TrainConfig, TrainingError
@@ -99,7 +101,7 @@ def test_resume_gives_the_same_weights(pair_dirs, tmp_path, monkeypatch):
     trainer.run(cfg(pair_dirs, tmp_path / "a", **common))
     reference = load_file(tmp_path / "a" / "train" / "draft" / "model.safetensors")
 
-    real = trainer.batch_loss
+    real = distill.batch_loss
     calls = {"n": 0}
 
     def crash_on_ninth(*args, **kwargs):  # micro-batch 9 = step 5 (grad_accum 2): after checkpoint 4
@@ -108,12 +110,12 @@ def test_resume_gives_the_same_weights(pair_dirs, tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated kill")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "batch_loss", crash_on_ninth)
+    monkeypatch.setattr(distill, "batch_loss", crash_on_ninth)
     with pytest.raises(KeyboardInterrupt):
         trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
     assert not (tmp_path / "b" / "train" / "draft").exists()
-    assert trainer.latest_checkpoint(tmp_path / "b" / "train")[1] == 4
-    monkeypatch.setattr(trainer, "batch_loss", real)
+    assert latest_checkpoint(tmp_path / "b" / "train")[1] == 4
+    monkeypatch.setattr(distill, "batch_loss", real)
     trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
     resumed = load_file(tmp_path / "b" / "train" / "draft" / "model.safetensors")
     assert reference.keys() == resumed.keys()
@@ -122,7 +124,7 @@ def test_resume_gives_the_same_weights(pair_dirs, tmp_path, monkeypatch):
 
 
 def test_non_finite_loss_stops_with_a_clear_message(pair_dirs, tmp_path, monkeypatch):
-    real = trainer.batch_loss
+    real = distill.batch_loss
     calls = {"n": 0}
 
     def nan_on_third(*args, **kwargs):
@@ -130,16 +132,16 @@ def test_non_finite_loss_stops_with_a_clear_message(pair_dirs, tmp_path, monkeyp
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] == 3 else loss), metrics
 
-    monkeypatch.setattr(trainer, "batch_loss", nan_on_third)
+    monkeypatch.setattr(distill, "batch_loss", nan_on_third)
     with pytest.raises(TrainingError, match=r"not finite .* at step 2.*step_0000002"):
         trainer.run(cfg(pair_dirs, tmp_path, steps=5, save_every=1, eval_every=0))
-    assert trainer.latest_checkpoint(tmp_path / "train")[1] == 2
+    assert latest_checkpoint(tmp_path / "train")[1] == 2
 
 
 def test_on_policy_batches_run(pair_dirs, tmp_path, monkeypatch):
     """On-policy micro-batches are sampled from the draft and are the batches the loss is computed on."""
     sampled, scored = [], []
-    real_sample, real_loss = trainer.on_policy_batch, trainer.batch_loss
+    real_sample, real_loss = distill.on_policy_batch, distill.batch_loss
 
     def sample(*args, **kwargs):
         sampled.append(real_sample(*args, **kwargs))
@@ -149,8 +151,8 @@ def test_on_policy_batches_run(pair_dirs, tmp_path, monkeypatch):
         scored.append(batch)
         return real_loss(cfg_, logits, batch, *rest)
 
-    monkeypatch.setattr(trainer, "on_policy_batch", sample)
-    monkeypatch.setattr(trainer, "batch_loss", loss)
+    monkeypatch.setattr(distill, "on_policy_batch", sample)
+    monkeypatch.setattr(distill, "batch_loss", loss)
     c = cfg(pair_dirs, tmp_path, on_policy_fraction=0.5, on_policy_max_new_tokens=6, steps=4, grad_accum=2,
             eval_every=0)
     metrics = trainer.run(c)
@@ -230,7 +232,7 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     a, b = metrics["rank_param_checksums"]  # gathered from both ranks
     assert a == b
     assert [p.name for p in out.iterdir() if p.name.startswith("draft")] == ["draft"]
-    assert trainer.latest_checkpoint(out)[1] == 4
+    assert latest_checkpoint(out)[1] == 4
 
 
 def test_metrics_reach_wandb_offline(pair_dirs, tmp_path, monkeypatch):
@@ -261,7 +263,7 @@ def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
     grads = [[torch.randn(t.shape, generator=gen) for t in start] for _ in range(3)]
     fused = [torch.nn.Parameter(t.clone()) for t in start]
     plain = [torch.nn.Parameter(t.clone()) for t in start]
-    opt = trainer.new_optimizer(fused, cfg)
+    opt = loop.new_optimizer(fused, cfg)
     ref = torch.optim.AdamW(plain, lr=1e-2, weight_decay=0.1, foreach=False)
     assert opt.defaults["fused"] is True and opt.defaults["lr"] == 1e-2 and opt.defaults["weight_decay"] == 0.1
     for step in grads:
@@ -276,7 +278,7 @@ def test_the_optimizer_is_adamw_fused_and_steps_as_adamw_does(monkeypatch):
     import torch.utils._foreach_utils as foreach_utils
 
     monkeypatch.setattr(foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
-    fallback = trainer.new_optimizer([torch.nn.Parameter(torch.zeros(3))], cfg)
+    fallback = loop.new_optimizer([torch.nn.Parameter(torch.zeros(3))], cfg)
     assert not fallback.defaults["fused"] and fallback.defaults["lr"] == 1e-2
     fallback.param_groups[0]["params"][0].grad = torch.ones(3)
     fallback.step()  # steps, where a fused optimizer on a device without the kernel would raise here
@@ -286,15 +288,15 @@ def test_auto_precision_is_bf16_for_an_eagle_head_on_a_cpu_with_native_bf16_only
     amx = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile\n"
     avx512bf16 = "flags\t\t: fpu avx512f avx512_bf16\n"
     avx2 = "flags\t\t: fpu sse avx2 fma\n"
-    assert trainer.cpu_has_native_bf16(amx) and trainer.cpu_has_native_bf16(avx512bf16)
-    assert not trainer.cpu_has_native_bf16(avx2) and not trainer.cpu_has_native_bf16("")
+    assert loop.cpu_has_native_bf16(amx) and loop.cpu_has_native_bf16(avx512bf16)
+    assert not loop.cpu_has_native_bf16(avx2) and not loop.cpu_has_native_bf16("")
     for native in (True, False):
-        monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda cpuinfo=None, native=native: native)
+        monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None, native=native: native)
         eagle = TrainConfig(data_dir="d", draft="m", target="t", out_dir="o", finetune="eagle")
-        assert trainer._mixed_precision(eagle, "cpu") == ("bf16" if native else "no")
-        assert trainer._mixed_precision(TrainConfig(data_dir="d", draft="m", out_dir="o"), "cpu") == "no"
+        assert loop.mixed_precision(eagle, "cpu") == ("bf16" if native else "no")
+        assert loop.mixed_precision(TrainConfig(data_dir="d", draft="m", out_dir="o"), "cpu") == "no"
         no = TrainConfig(data_dir="d", draft="m", target="t", out_dir="o", finetune="eagle", mixed_precision="no")
-        assert trainer._mixed_precision(no, "cpu") == "no"  # an explicit setting is kept
+        assert loop.mixed_precision(no, "cpu") == "no"  # an explicit setting is kept
 
 
 def test_a_second_run_in_one_process_takes_its_own_precision(tmp_path):
@@ -303,8 +305,8 @@ def test_a_second_run_in_one_process_takes_its_own_precision(tmp_path):
     from accelerate.state import PartialState
 
     cfg = TrainConfig(data_dir="d", draft="m", target="t", out_dir=str(tmp_path), finetune="eagle")
-    first = trainer.new_accelerator(dataclasses.replace(cfg, mixed_precision="bf16"), "cpu")
+    first = loop.new_accelerator(dataclasses.replace(cfg, mixed_precision="bf16"), "cpu")
     assert first.mixed_precision == "bf16"
-    second = trainer.new_accelerator(dataclasses.replace(cfg, mixed_precision="no"), "cpu")
+    second = loop.new_accelerator(dataclasses.replace(cfg, mixed_precision="no"), "cpu")
     assert second.mixed_precision == "no" and second.device.type == "cpu"
     assert PartialState().num_processes == 1

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftsmith.train.data import collate
-from draftsmith.train.trainer import TrainConfig, batch_loss
+from draftsmith.train.distill import batch_loss
+from draftsmith.train.settings import TrainConfig
 
 V = 16  # vocab
 ROWS = [{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9]},
@@ -107,7 +108,7 @@ def test_the_head_runs_only_at_the_loss_positions_with_the_same_logits(lora, tok
     """loss_logits: the forward's head hook gives exactly the whole-row logits at the masked positions, for a plain
     model and through a PEFT wrapper, and the head sees N positions, not B x T."""
     from conftest import make_model
-    from draftsmith.train.trainer import apply_lora, loss_logits
+    from draftsmith.train.distill import apply_lora, loss_logits
 
     model = make_model("llama", layers=2, hidden=32)
     if lora:

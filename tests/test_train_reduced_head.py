@@ -8,10 +8,13 @@ from safetensors.torch import load_file
 from conftest import make_model
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.train import trainer
+from draftsmith.train import distill, loop
+from draftsmith.train.checkpoints import latest_checkpoint
 from draftsmith.train.data import collate
 from draftsmith.train.heads import head_at_loss_positions, positions_in, reduced_head, restrict
 from draftsmith.train.losses import divergence_per_position, topk_uniform_tail
-from draftsmith.train.trainer import TrainConfig, batch_loss, loss_logits
+from draftsmith.train.distill import batch_loss, loss_logits
+from draftsmith.train.settings import TrainConfig
 
 from test_train import cfg, pair_dirs  # noqa: F401 - the module fixture: a tiny pair and its datagen output
 
@@ -126,7 +129,7 @@ def test_reduced_head_needs_a_draft_vocabulary(pair_dirs, tmp_path):  # noqa: F8
 
 def scripted_scores(monkeypatch, scores):
     """Held-out evaluations that report `scores` (expected acceptance) in call order, beside the real figures."""
-    real, calls = trainer.evaluate, {"n": 0}
+    real, calls = distill.evaluate, {"n": 0}
 
     def scripted(*args, **kwargs):
         ev = real(*args, **kwargs)
@@ -134,7 +137,7 @@ def scripted_scores(monkeypatch, scores):
         calls["n"] += 1
         return ev
 
-    monkeypatch.setattr(trainer, "evaluate", scripted)
+    monkeypatch.setattr(distill, "evaluate", scripted)
 
 
 def test_the_draft_written_is_the_best_held_out_one(pair_dirs, tmp_path, monkeypatch):  # noqa: F811
@@ -179,7 +182,7 @@ def test_resume_keeps_the_best_draft(pair_dirs, tmp_path, monkeypatch):  # noqa:
     common = dict(steps=6, save_every=2, eval_every=2, batch_size=4)
     reference_metrics = trainer.run(cfg(pair_dirs, tmp_path / "a", **common))
     reference = load_file(tmp_path / "a" / "train" / "draft" / "model.safetensors")
-    real, calls = trainer.batch_loss, {"n": 0}
+    real, calls = distill.batch_loss, {"n": 0}
 
     def crash_on_fifth(*args, **kwargs):  # training micro-batch 5 = step 5, after checkpoint 4
         if args[1].requires_grad:  # evaluations run without grad
@@ -188,11 +191,11 @@ def test_resume_keeps_the_best_draft(pair_dirs, tmp_path, monkeypatch):  # noqa:
                 raise KeyboardInterrupt("simulated kill")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "batch_loss", crash_on_fifth)
+    monkeypatch.setattr(distill, "batch_loss", crash_on_fifth)
     with pytest.raises(KeyboardInterrupt):
         trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
     assert (tmp_path / "b" / "train" / "checkpoints" / "step_0000004" / "best_params.pt").exists()
-    monkeypatch.setattr(trainer, "batch_loss", real)
+    monkeypatch.setattr(distill, "batch_loss", real)
     resumed_metrics = trainer.run(cfg(pair_dirs, tmp_path / "b", **common))
     assert resumed_metrics["best"] == reference_metrics["best"]
     resumed = load_file(tmp_path / "b" / "train" / "draft" / "model.safetensors")
@@ -210,7 +213,7 @@ def test_pipeline_refuses_a_reduced_head_without_a_draft_vocabulary():
 
 
 def test_best_by_top1_agreement_ranks_by_it(pair_dirs, tmp_path, monkeypatch):  # noqa: F811
-    real, calls = trainer.evaluate, {"n": 0}
+    real, calls = distill.evaluate, {"n": 0}
     top1 = [0.1, 0.3, 0.6, 0.4]  # steps 0, 2, 4, 6; expected acceptance says step 2 (0.9)
     accept = [0.1, 0.9, 0.2, 0.3]
 
@@ -220,7 +223,7 @@ def test_best_by_top1_agreement_ranks_by_it(pair_dirs, tmp_path, monkeypatch):  
         calls["n"] += 1
         return ev
 
-    monkeypatch.setattr(trainer, "evaluate", scripted)
+    monkeypatch.setattr(distill, "evaluate", scripted)
     m = trainer.run(cfg(pair_dirs, tmp_path / "a", steps=6, eval_every=2, best_by="top1_agreement"))
     assert m["best"] == {"step": 4, "metric": "heldout/top1_agreement", "value": 0.6}
     calls["n"] = 0

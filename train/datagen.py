@@ -16,7 +16,7 @@ stage reads it there).
 
 Two engines make the same rows (``data.engine``): ``hf`` runs transformers' ``generate`` here in
 left-padded batches; ``vllm`` sends the same prompt token ids to vLLM's server (train/datagen_vllm.py).
-Both end a completion at the first token of the same EOS set (decode/eos.py's ``eos_ids``, :func:`trim_at_eos`).
+Both end a completion at the first token of the same EOS set (decode/eos.py: ``eos_ids``, ``trim_at_eos``).
 Prompt reading, the held-out split, the manifest and the atomic write are shared (:func:`run`).
 
 A record may carry its own response (``data.responses=given|auto``: train/prompts.py says which records do).
@@ -41,7 +41,7 @@ import torch
 
 from draftsmith.artifacts import atomic_dir, provenance, tokenizer_hash
 from draftsmith.artifacts.formats import read_datagen, write_datagen
-from draftsmith.decode.eos import eos_ids, pretrained_eos_ids
+from draftsmith.decode.eos import eos_ids, pretrained_eos_ids, trim_at_eos
 from draftsmith.decode.pair import load_model, load_tokenizer
 from draftsmith.artifacts.progress import progress
 from draftsmith.artifacts.errors import check
@@ -105,13 +105,6 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def trim_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
-    """(`tokens` up to and including the first EOS, whether there was one): where a completion ends, for both engines
-    and for given responses."""
-    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
-    return (tokens[:end], True) if end is not None else (list(tokens), False)
-
-
 def generate_all(model, tokenizer, prompts: list[list[int]], cfg: DatagenConfig, desc: str) -> list[dict]:
     """All completions for `prompts`, batched by similar length (less padding), returned in prompt order."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -148,7 +141,7 @@ def given_completion(response: list[int], eos: set[int], max_new_tokens: int) ->
 def head_at(model: torch.nn.Module, select: torch.Tensor):
     """Within the block, `model`'s output head runs only where `select` [B, T] is True: logits come out [1, N, V],
     the N selected positions row by row, in order. A forward pre-hook on ``get_output_embeddings()`` picks the
-    hidden states before the head (as train/trainer.py's ``head_at_loss_positions``, for any model family), so
+    hidden states before the head (as train/heads.py ``head_at_loss_positions``, for any model family), so
     the prompt positions, usually most of a row, cost no [T, V] head."""
     head = model.get_output_embeddings()
 

@@ -42,7 +42,7 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.serve.client import async_client, post_completion, served_model, server_version
 from draftsmith.serve.errors import VllmError
 from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
-from draftsmith.train.datagen import trim_at_eos
+from draftsmith.decode.eos import trim_at_eos
 
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 TOKEN_ID_PREFIX = "token_id:"  # the keys of top log-probs with return_tokens_as_token_ids

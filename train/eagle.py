@@ -7,7 +7,7 @@
 - :func:`eagle_loss`: the head's loss (the target's next distribution, EAGLE's feature regression, optionally the
   second proposal as a K=2 round makes it).
 
-The train stage runs them for ``method.finetune=eagle`` (train/eagle_trainer.py); ``scripts/probe_eagle.py``
+The train stage runs them for ``method.finetune=eagle`` (train/eagle_objective.py); ``scripts/probe_eagle.py``
 drives them apart, for experiments.
 """
 
