@@ -269,6 +269,10 @@ class LeanModel:
         # [T, H] (what an EAGLE head reads: decode/loop.py eagle_generate)
         self.keep_features = False
         self.features: torch.Tensor | None = None
+        # layer ids k: each forward also keeps the residual stream entering layer k at every position it ran,
+        # concatenated in ``aux`` [T, len(ids) x H] (what an EAGLE-3 head reads: decode/loop.py eagle3_generate)
+        self.keep_layers: tuple[int, ...] = ()
+        self.aux: torch.Tensor | None = None
         self._allocate(max(int(capacity), 16))
 
     def _allocate(self, capacity: int) -> None:
@@ -338,7 +342,10 @@ class LeanModel:
         if t > 1 and start > 0:  # block after a prefix: query i sees keys 0 .. start + i
             keys = torch.arange(end, device=h.device)
             mask = keys[None, :] <= (keys[start:, None])  # [T, end] bool
-        for layer, (k_buf, v_buf) in zip(self.layers, self.kv):
+        kept = []
+        for i, (layer, (k_buf, v_buf)) in enumerate(zip(self.layers, self.kv)):
+            if i in self.keep_layers:
+                kept.append(h[0])
             x = _rms_norm(h, *layer.ln1)
             q = linear(x, *layer.q).view(1, t, -1, layer.head_dim)
             k = linear(x, *layer.k).view(1, t, -1, layer.head_dim)
@@ -356,6 +363,8 @@ class LeanModel:
             h = h + linear(attn.transpose(1, 2).reshape(1, t, -1), *layer.o)
             x = _rms_norm(h, *layer.ln2)
             h = h + linear(F.silu(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
+        if self.keep_layers:
+            self.aux = torch.cat([kept[sorted(self.keep_layers).index(k)] for k in self.keep_layers], dim=-1)
         self.length = end
         self.forwards += 1
         head = self._block_linear(keep, "head")

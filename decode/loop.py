@@ -17,8 +17,8 @@ Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt
   extra catch-up forward).
 
 One loop (``_speculate``) runs every round; what proposes the drafts is a proposer: ``_DraftModel`` (a draft
-model's cached runner, :func:`speculative_generate`) or ``_Eagle`` (an EAGLE head fed the target's features,
-:func:`eagle_generate`). A proposer is told when the target's prefill ran (``prefilled``), gives the logits of
+model's cached runner, :func:`speculative_generate`), ``_Eagle`` (an EAGLE-1 head fed the target's features,
+:func:`eagle_generate`) or ``_Eagle3`` (an EAGLE-3 head fed three of its layers, :func:`eagle3_generate`). A proposer is told when the target's prefill ran (``prefilled``), gives the logits of
 each proposal of a round (``step``), and is told what verification kept (``verified``).
 """
 
@@ -240,6 +240,45 @@ def eagle_generate(
                       top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
 
 
+@torch.inference_mode()
+def eagle3_generate(
+    target: torch.nn.Module,
+    head,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    k: int = 3,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerateOutput:
+    """Speculative decoding of `target` with an EAGLE-3 head (decode/eagle3.py ``Eagle3Head``) proposing `k` tokens.
+
+    The arguments, output and guarantees of :func:`eagle_generate` (greedy output equals the target's own;
+    sampling is distributed as the target's: the head's q is 0 outside its draft vocabulary). The target runs on
+    the lean forward (Llama, Mistral, Qwen2, Qwen3), which keeps the residual stream entering the head's three
+    layers; the head proposes over its own draft vocabulary, mapped to the target's ids through ``d2t``.
+    ``stats.draft_backend`` is "eagle3".
+    """
+    from draftsmith.decode.lean import LeanModel, lean_unsupported, unsupported_error
+
+    check_sampling_args(temperature, top_p, top_k)
+    _check_k(k)
+    reason = lean_unsupported(target)
+    if reason is not None:
+        raise unsupported_error(reason)
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
+    tgt = LeanModel(target, capacity=capacity)
+    tgt.keep_layers = tuple(head.layers)
+    dft = _Eagle3(head, target, capacity)
+    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+
+
 def _check_k(k) -> None:
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
@@ -298,8 +337,12 @@ class _Eagle:
     def forwards(self) -> int:
         return self.runner.forwards
 
+    def _features(self, tgt) -> torch.Tensor:
+        """What the head reads of the target's last forward, per position [T, H]: its post-norm features."""
+        return tgt.features
+
     def prefilled(self, tgt) -> None:
-        self.pending = tgt.features  # [P, H]: h_0 .. h_{P-1}
+        self.pending = self._features(tgt)  # [P, H]: h_0 .. h_{P-1}
 
     def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
         if i == 0:  # the real slots; the last proposes x_n
@@ -312,7 +355,27 @@ class _Eagle:
         # its real slots 0 .. n-2 stay; a round without proposals (k_r 0) is the decode's last: one token was left,
         # and its bonus token ends the decode
         self.runner.crop(n - 1)
-        self.pending = tgt.features[: n_acc + 1]  # h_{n-1} .. h_{n-1+a}
+        self.pending = self._features(tgt)[: n_acc + 1]  # h_{n-1} .. h_{n-1+a}
+
+
+class _Eagle3(_Eagle):
+    """An EAGLE-3 head (decode/eagle3.py) fed the target's features at its three layers, fused: the draft side of
+    :func:`eagle3_generate`. The slots and rounds are :class:`_Eagle`'s; a speculative slot reads the head's own
+    pre-norm output (vLLM's), and a proposal's logits are the draft vocabulary's, placed at their target ids."""
+
+    backend = "eagle3"
+
+    def __init__(self, head, target: torch.nn.Module, capacity: int):
+        from draftsmith.decode.eagle3 import Eagle3Runner
+
+        self.width = logit_width(target)
+        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, self.width, capacity)
+        self.head = head
+        self.pending: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+
+    def _features(self, tgt) -> torch.Tensor:
+        return self.head.fuse(tgt.aux)  # [T, 3H] -> [T, H]
 
 
 def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: int, max_new_tokens: int,

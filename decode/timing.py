@@ -15,7 +15,8 @@ themselves paid are eval/metrics.py's ``in_loop_costs``.
 
 An EAGLE head (decode/eagle.py) is timed as its decode runs it: one slot per draft step through its own cache,
 scored by the target's head (on the draft vocabulary when given), with the target on the lean forward keeping
-its features (what :func:`~draftsmith.decode.loop.eagle_generate` asks of it).
+its features (what :func:`~draftsmith.decode.loop.eagle_generate` asks of it); an EAGLE-3 head (decode/eagle3.py)
+likewise, over its own draft vocabulary, the target keeping its three layers' streams.
 """
 
 from __future__ import annotations
@@ -52,10 +53,29 @@ class _EagleSteps:
         return self.runner.logits(self.runner.forward(tokens, feats)[-keep:])
 
 
-def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:
-    """The target's and the draft's runners as the decode runs them (an EAGLE head: eagle_generate's)."""
-    from draftsmith.decode.eagle import EagleHead
+class _Eagle3Steps(_EagleSteps):
+    """An EAGLE-3 head's decode-time runner (decode/eagle3.py ``Eagle3Runner``) called as a :class:`Runner`, as
+    :class:`_EagleSteps`: zero features in, its own draft vocabulary's logits out."""
 
+    def __init__(self, head, target: torch.nn.Module, capacity: int):
+        from draftsmith.decode.eagle3 import Eagle3Runner
+        from draftsmith.decode.runners import logit_width
+
+        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, logit_width(target), capacity)
+
+
+def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:
+    """The target's and the draft's runners as the decode runs them (an EAGLE head: eagle_generate's; an EAGLE-3
+    head: eagle3_generate's, the target keeping its three layers' streams)."""
+    from draftsmith.decode.eagle import EagleHead
+    from draftsmith.decode.eagle3 import Eagle3Head
+
+    if isinstance(draft, Eagle3Head):
+        from draftsmith.decode.lean import LeanModel
+
+        tgt = LeanModel(target, capacity=capacity)
+        tgt.keep_layers = tuple(draft.layers)
+        return tgt, _Eagle3Steps(draft, target, capacity)
     if isinstance(draft, EagleHead):
         from draftsmith.decode.lean import LeanModel
 

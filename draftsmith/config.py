@@ -18,7 +18,7 @@ from typing import Any, Optional
 from draftsmith.artifacts.errors import ConfigError, check, check_choice
 from draftsmith.eval.gates import Gates
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, ServingSettings
-from draftsmith.train.settings import RENAMED as TRAIN_RENAMED, DatagenSettings, TrainSettings
+from draftsmith.train.settings import HEADS, RENAMED as TRAIN_RENAMED, DatagenSettings, TrainSettings
 
 __all__ = ["ConfigError", "DraftsmithConfig", "STAGES", "DEMO", "register_schema", "run_name", "validate"]
 
@@ -247,9 +247,9 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError(f"stages={list(cfg.stages)} lists a stage twice")
     if cfg.out_dir == "":
         raise ConfigError("out_dir is empty: give a directory for the stage outputs (or leave it unset)")
-    # an EAGLE head (method.finetune=eagle) is trained from the target alone: no draft model to start from
+    # an EAGLE head (method.finetune=eagle|eagle3) is trained from the target alone: no draft model to start from
     missing = [f"pair.{key}" for key in ("target", "draft") if not getattr(cfg.pair, key)
-               and not (key == "draft" and (cfg.pair.draft_layers or cfg.method.finetune == "eagle"))]
+               and not (key == "draft" and (cfg.pair.draft_layers or cfg.method.finetune in HEADS))]
     if not cfg.data.prompts and {"datagen"} & set(cfg.stages):
         missing.append("data.prompts")
     if missing:
@@ -260,7 +260,7 @@ def validate(cfg: DraftsmithConfig) -> None:
         raise ConfigError("data.prompts=demo only works with pair.target=demo: give data.prompts=FILE.jsonl "
                           "(or .parquet, a folder, a HF dataset id) for your target")
     if "train" in cfg.stages and cfg.method.teacher == "cached" and cfg.method.loss != "ce" \
-            and cfg.method.finetune != "eagle" and cfg.data.top_k_logprobs < 1:  # a head reads the target's features
+            and cfg.method.finetune not in HEADS and cfg.data.top_k_logprobs < 1:  # a head reads the target's features
         raise ConfigError(f"method.teacher=cached with method.loss={cfg.method.loss} needs the target's log-probs: "
                           "set data.top_k_logprobs > 0 (e.g. 32) or method.teacher=online")
     if cfg.data.demo_scored and (cfg.data.prompts != "stdlib-chat" or cfg.data.responses != "auto"):

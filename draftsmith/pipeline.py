@@ -236,8 +236,8 @@ class Pipeline:
         target, draft = self.pair()
         m = cfg.method
         section = {"draft": draft, "method": figures_of(m)}
-        draft_vocab = cfg.eval.draft_vocab if cfg.method.reduced_head else 0  # the head trained on the eval's ids
-        if draft_vocab:
+        draft_vocab = cfg.eval.draft_vocab if cfg.method.reduced_head else m.draft_vocab  # reduced: the eval's ids
+        if cfg.method.reduced_head and draft_vocab:
             section["draft_vocab"] = draft_vocab
         best_by = m.best_by
         if best_by == "auto":  # the figure the eval's decoding gains from: greedy accepts the target's argmax
@@ -254,10 +254,10 @@ class Pipeline:
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "pending.json", {"hash": digest})  # lets a crashed run resume under the same config
-            train_cfg = trainer.TrainConfig(**{**settings_of(m, TrainSettings), "best_by": best_by},
+            train_cfg = trainer.TrainConfig(**{**settings_of(m, TrainSettings), "best_by": best_by,
+                                               "draft_vocab": draft_vocab},
                                             data_dir=str(self.out / "datagen"), draft=draft or target, target=target,
-                                            out_dir=str(out), draft_vocab=draft_vocab,
-                                            **self.tracker.train_kwargs())
+                                            out_dir=str(out), **self.tracker.train_kwargs())
             try:
                 trainer.run(train_cfg)
             except Exception as exc:

@@ -88,13 +88,47 @@ def check_eagle_target(target: str) -> None:
                           "pair.draft or pair.draft_layers)")
 
 
+def check_eagle3_target(target: str, layers) -> None:
+    """method.finetune=eagle3: the target is a decoder draftsmith's loop runs with the head (the lean forward's
+    families: it keeps the streams the head reads), with three distinct feature layers, read from its config
+    alone before datagen spends its time. The head's own layer is a Llama layer whatever the target's family, so
+    biases (Qwen2) and q/k norms (Qwen3) are fine; sliding-window, multimodal and encoder-decoder targets are not
+    (their features or their decoding are not what this loop runs)."""
+    from transformers import AutoConfig
+
+    from draftsmith.decode.eagle3 import default_layers
+    from draftsmith.decode.lean import LEAN_MODEL_TYPES
+
+    try:
+        config = AutoConfig.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"method.finetune=eagle3: cannot read the config of pair.target={target} ({exc})") from exc
+    kind = getattr(config, "model_type", None)
+    if kind not in LEAN_MODEL_TYPES:
+        raise ConfigError(f"method.finetune=eagle3 trains a head for the targets draftsmith's loop runs it with "
+                          f"({', '.join(LEAN_MODEL_TYPES)}); pair.target={target} is {kind!r}: train a draft model "
+                          "instead (method=kd with pair.draft or pair.draft_layers)")
+    n = int(config.num_hidden_layers)
+    chosen = list(layers) if layers is not None else default_layers(n)
+    if len(set(chosen)) != 3 or any(not 0 <= i < n for i in chosen):
+        raise ConfigError(f"method.eagle_layers={chosen if layers is not None else None}: an EAGLE-3 head reads 3 "
+                          f"distinct layers of the target, ids in [0, {n}) (pair.target={target} has {n} layers; the "
+                          "default (2, L//2, L-3) needs at least 7): set method.eagle_layers=[a,b,c]")
+
+
 def check_draft_kind(draft: str | None, finetune: str) -> None:
-    """A draft model is trained from a draft model: an EAGLE head's directory as pair.draft needs method=eagle."""
+    """A draft model is trained from a draft model, a head from a head of its kind: an EAGLE head's directory as
+    pair.draft needs method=eagle, an EAGLE-3 folder method=eagle3."""
     from draftsmith.decode.eagle import is_eagle_dir
+    from draftsmith.decode.eagle3 import is_eagle3_dir
 
     if draft is not None and finetune != "eagle" and is_eagle_dir(draft):
         raise ConfigError(f"pair.draft={draft} is an EAGLE head (its config.json names EagleLlamaForCausalLM), which "
                           f"method.finetune={finetune} cannot train: train it further with method=eagle, or give a "
+                          "draft model")
+    if draft is not None and finetune != "eagle3" and is_eagle3_dir(draft):
+        raise ConfigError(f"pair.draft={draft} is an EAGLE-3 head (a speculators-format folder), which "
+                          f"method.finetune={finetune} cannot train: train it further with method=eagle3, or give a "
                           "draft model")
 
 
@@ -130,6 +164,8 @@ def preflight(pipeline) -> None:
         check_draft_kind(draft, cfg.method.finetune)
         if cfg.method.finetune == "eagle":
             check_eagle_target(target)
+        elif cfg.method.finetune == "eagle3":
+            check_eagle3_target(target, cfg.method.eagle_layers)
     if stages & {"train", "eval", "promote"}:
         check_pair(target, draft)
     else:

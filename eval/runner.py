@@ -28,8 +28,11 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode import autoregressive_generate, eagle_generate, speculative_generate
+from draftsmith.decode import autoregressive_generate, eagle3_generate, eagle_generate, speculative_generate
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
+from draftsmith.decode.eagle3 import Eagle3Head, is_eagle3_dir, load_eagle3
+
+HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: draftsmith's loop runs them on its lean forward
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
@@ -147,7 +150,8 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     enough), or an EAGLE head (decode/eagle.py), which shares the target's embedding and head and needs the target
     on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
     (the train stage saves the target's), must be the target's."""
-    if not is_eagle_dir(path):
+    eagle3 = is_eagle3_dir(path)
+    if not is_eagle_dir(path) and not eagle3:
         check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
         draft = load_model(path, f"draft {name!r}", cfg.dtype, cfg.device)
         check_embedding_width(draft, tokenizer, path)
@@ -165,10 +169,10 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     if (Path(path) / "tokenizer_config.json").exists():  # the train stage saves the target's tokenizer beside it
         check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
     try:
-        return load_eagle(path, target)
+        return load_eagle3(path, target) if eagle3 else load_eagle(path, target)
     except (ValueError, RuntimeError, OSError) as exc:
         raise EvalError(f"draft {name!r}: the EAGLE head at {path} does not fit the target {cfg.target!r} ({exc}); "
-                        "train the head on this target (method.finetune=eagle)") from exc
+                        f"train the head on this target (method.finetune={'eagle3' if eagle3 else 'eagle'})") from exc
 
 
 def hf_assisted_generate(target, draft, prompt, k: int, max_new: int, eos, pad_id) -> tuple[torch.Tensor, float]:
@@ -231,8 +235,10 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
 
     def spec(cell: Cell, prompt, **kw):
         draft = drafts[cell.draft]
-        if isinstance(draft, EagleHead):  # the target's own lean forward hands the head its features
+        if isinstance(draft, HEAD_KINDS):  # the target's own lean forward hands the head its features
             eagle_kw = {key: value for key, value in {**common, **kw}.items() if key != "backend"}
+            if isinstance(draft, Eagle3Head):  # its own draft vocabulary (d2t), not eval.draft_vocab
+                return eagle3_generate(target, draft, prompt, k=cell.k, **eagle_kw)
             return eagle_generate(target, draft, prompt, k=cell.k, draft_vocab=draft_vocab, **eagle_kw)
         return speculative_generate(target, draft, prompt, k=cell.k, draft_vocab=draft_vocab, **{**common, **kw})
 
@@ -257,7 +263,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
             spec_s[id(cell)].append(out.stats.total_s)
             if temperature == 0:
                 cell.equal.append(torch.equal(plain.sequences, out.sequences))
-                if cfg.hf_ab and r == 0 and not isinstance(drafts[cell.draft], EagleHead):
+                if cfg.hf_ab and r == 0 and not isinstance(drafts[cell.draft], HEAD_KINDS):
                     seq, sec = hf_assisted_generate(target, drafts[cell.draft], prompt, cell.k, cfg.max_new_tokens,
                                                     eos, pad_id)
                     hf_s[id(cell)] += sec
@@ -268,7 +274,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
         if cell.costs is None:
             cell.costs = cost_ratios(target, drafts[cell.draft], mid_decode_context(prompts[0], cfg.max_new_tokens),
                                      [cell.k], repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
-        if r == 0 and temperature == 0 and cfg.hf_ab and not isinstance(drafts[cell.draft], EagleHead):
+        if r == 0 and temperature == 0 and cfg.hf_ab and not isinstance(drafts[cell.draft], HEAD_KINDS):
             tokens = sum(s.new_tokens for s in cell.base)
             cell.hf = {"tokens_per_s": tokens / hf_s[id(cell)] if hf_s[id(cell)] else 0.0,
                        "outputs_equal": hf_equal[id(cell)], "plain_tokens": tokens, "plain_s": sum(plain_s)}
@@ -383,7 +389,7 @@ def run(cfg: EvalConfig) -> dict:
         drafts[name] = load_draft(path, name, target, tokenizer, cfg)
     vocab, vocab_info = None, None
     if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says
-        width = min(logit_width(m) for m in [target, *drafts.values()] if not isinstance(m, EagleHead))
+        width = min(logit_width(m) for m in [target, *drafts.values()] if not isinstance(m, HEAD_KINDS))
         vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
         vocab = vocab.to(cfg.device)
 

@@ -121,15 +121,16 @@ def serving_first_position(path: Path, summary: dict, k, concurrency) -> tuple[O
 def retrain_command(record: dict, draft: Path, root: Path) -> str:
     """``draftsmith data.prompts=recent.jsonl pair.draft=<this version's draft> ...``: distil the production
     draft further on recent prompts, then let the champion gate decide against this registry entry. An EAGLE head
-    (serve.server.speculative_method: ``eagle``) is trained further as one: ``method=eagle``."""
+    (serve.server.speculative_method: ``eagle``, ``eagle3``) is trained further as one: ``method=eagle|eagle3``."""
     from draftsmith.serve.server import speculative_method
 
     config = (record.get("source") or {}).get("config") or {}
     pair = config.get("pair") or {}
     target = pair.get("target") or (record.get("target") or {}).get("path")
     args = ["draftsmith", "data.prompts=recent.jsonl", f"pair.draft={draft}"]
-    if speculative_method(draft) == "eagle":
-        args.append("method=eagle")
+    method = speculative_method(draft)
+    if method in ("eagle", "eagle3"):  # a head is trained further as its kind (it starts from pair.draft)
+        args.append(f"method={method}")
     if target:
         args.append(f"pair.target={target}")
     if target == "demo":

@@ -73,7 +73,10 @@ def train_once(fields: dict, pythonpath: str | None) -> dict:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath  # before the editable install's finder: the revision's package wins
-    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(fields)], env=env, capture_output=True, text=True)
+    # run outside the checkout: `python -c` puts the working directory first on sys.path, and the checkout's own
+    # draftsmith/ folder would shadow the revision's
+    out = subprocess.run([sys.executable, "-c", RUN, json.dumps(fields)], env=env, capture_output=True, text=True,
+                         cwd=fields["out_dir"].rsplit("/", 1)[0])
     if out.returncode != 0:
         raise SystemExit(f"train failed ({'rev' if pythonpath else 'this checkout'}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

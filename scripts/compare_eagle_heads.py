@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.decode.vocab import datagen_vocab
     from draftsmith.train.datagen import load_output
     from draftsmith.train.eagle import target_features
-    from draftsmith.train.eagle_objective import _rows, evaluate_head
+    from draftsmith.train.eagle_objective import evaluate_head
+    from draftsmith.train.features import split_rows
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("heads", nargs="+", help="EAGLE head directories (a train stage's draft/)")
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(target_path, "target")
     target = load_model(target_path, "target", "float32", "cpu")
     target.requires_grad_(False)
-    feats = target_features(target, _rows(heldout, None))
+    feats = target_features(target, split_rows(heldout, None))
     full_w = target.get_output_embeddings().weight.detach()
     emb_w = target.get_input_embeddings().weight.detach()
     width = logit_width(target)

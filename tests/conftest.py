@@ -28,6 +28,10 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
 )
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -54,7 +58,8 @@ def _finish(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def make_model(arch: str, *, seed: int = 0, layers: int = 2, hidden: int = 32, vocab_size: int = len(VOCAB)):
-    """A tiny random causal LM of family `arch` ("llama", "qwen2" or "gpt2"), float32, eval mode."""
+    """A tiny random causal LM of family `arch` ("llama", "qwen2" (q/k/v biases), "qwen3" (q/k norms), "mistral" or
+    "gpt2"), float32, eval mode."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, tie_word_embeddings=False, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     if arch == "llama":
@@ -65,6 +70,16 @@ def make_model(arch: str, *, seed: int = 0, layers: int = 2, hidden: int = 32, v
         config = Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
         model = Qwen2ForCausalLM(config)
+    elif arch == "qwen3":
+        config = Qwen3Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                             max_position_embeddings=256, **common)
+        model = Qwen3ForCausalLM(config)
+    elif arch == "mistral":
+        config = MistralConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                               sliding_window=None, **common)
+        model = MistralForCausalLM(config)
     elif arch == "gpt2":
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
         model = GPT2LMHeadModel(config)

@@ -14,7 +14,7 @@ from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.timing import cost_ratios
 from draftsmith.eval.runner import EvalConfig, EvalError
 from draftsmith.eval.runner import run as run_eval
-from draftsmith.train import eagle_objective, loop
+from draftsmith.train import eagle_objective, features, loop
 from draftsmith.train.datagen import DatagenConfig
 from draftsmith.train.datagen import run as run_datagen
 from draftsmith.train.trainer import TrainConfig, TrainingError
@@ -57,7 +57,7 @@ def test_the_train_stage_writes_a_served_eagle_head_that_learned(setup, trained)
     assert json.loads((draft / "draftsmith_eagle.json").read_text())["kind"] == "eagle"
     assert (draft / "tokenizer.json").exists()  # the target's: draft-directory checks (registry, eval) read it
     assert json.loads((out / "manifest.json").read_text())["kind"] == "eagle"
-    assert not (out / eagle_objective.FEATURES).exists()  # kept only until the stage completes
+    assert not (out / features.FEATURES).exists()  # kept only until the stage completes
     evals = metrics["history"]["eval"]
     assert [e["step"] for e in evals] == [0, 40, 80, 120]
     first, best = evals[0]["heldout/top1_agreement"], metrics["best"]["value"]
@@ -119,7 +119,7 @@ def test_a_crashed_eagle_run_resumes_to_the_same_head(setup, tmp_path, monkeypat
     with pytest.raises(Crash):
         run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
     monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    assert (cut / eagle_objective.FEATURES).exists() and not (cut / "draft").exists()
+    assert (cut / features.FEATURES).exists() and not (cut / "draft").exists()
     computed = []
     monkeypatch.setattr(eagle_objective, "target_features", lambda *a, **k: computed.append(1))
     metrics = run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
@@ -207,19 +207,23 @@ def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_pat
     real = eagle_objective.target_features
     monkeypatch.setattr(eagle_objective, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     key = {"data": "a", "rows": 2}
-    first, _ = eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
-    assert len(calls) == 2 and (tmp_path / eagle_objective.FEATURES).exists()
-    again, _ = eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+
+    def compute(rows_):
+        return eagle_objective.target_features(target, rows_)
+
+    first, _ = features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
+    assert len(calls) == 2 and (tmp_path / features.FEATURES).exists()
+    again, _ = features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 2 and torch.equal(again[1]["h"], first[1]["h"])  # read back, not recomputed
-    eagle_objective.load_features(tmp_path, {**key, "data": "b"}, target, rows, rows[:1], log=lambda m: None)
+    features.load_features(tmp_path, {**key, "data": "b"}, compute, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 4  # another key: computed again
-    (tmp_path / eagle_objective.FEATURES).write_bytes(b"torn")
-    eagle_objective.load_features(tmp_path, key, target, rows, rows[:1], log=lambda m: None)
+    (tmp_path / features.FEATURES).write_bytes(b"torn")
+    features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 6
     other = tmp_path / "other"
     other.mkdir()
-    eagle_objective.load_features(other, key, target, rows, rows[:1], log=lambda m: None, write=False)
-    assert not (other / eagle_objective.FEATURES).exists()  # a process other than the main one writes nothing
+    features.load_features(other, key, compute, rows, rows[:1], log=lambda m: None, write=False)
+    assert not (other / features.FEATURES).exists()  # a process other than the main one writes nothing
 
 
 def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, tmp_path):
@@ -228,13 +232,13 @@ def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, 
     data = tmp_path / "data"
     shutil.copytree(setup / "data", data)
     cfg = train_cfg(setup, tmp_path / "t", data_dir=str(data))
-    before = eagle_objective.features_key(cfg, 10, 2)
+    before = features.features_key(cfg, 10, 2)
     manifest = data / "manifest.json"
     doc = json.loads(manifest.read_text())
     doc["timing"] = {"total_s": 1.0}  # what a new datagen run at the same path would write
     manifest.write_text(json.dumps(doc))
-    assert eagle_objective.features_key(cfg, 10, 2) != before
-    assert eagle_objective.features_key(cfg, 10, 2) == eagle_objective.features_key(cfg, 10, 2)
+    assert features.features_key(cfg, 10, 2) != before
+    assert features.features_key(cfg, 10, 2) == features.features_key(cfg, 10, 2)
 
 
 def test_preflight_refuses_targets_and_drafts_that_do_not_fit_an_eagle_run(setup, trained):

@@ -29,8 +29,6 @@ as every objective's do.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -44,63 +42,9 @@ from draftsmith.decode.pair import load_model
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.vocab import datagen_vocab
 from draftsmith.train.eagle import Shifted, eagle_loss, shifted, target_features
+from draftsmith.train.features import FEATURES, features_key, load_features, split_rows
 from draftsmith.train.loop import Objective, TrainingError
 from draftsmith.train.settings import TrainConfig
-
-FEATURES = "features.pt"
-FEATURES_FORMAT = 1  # bump when what features.pt holds changes: older files are then computed again
-
-
-def _rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
-    """(prompt_ids, completion_ids) of a datagen split, cut to `max_len` tokens in all (method.max_len)."""
-    out = []
-    for row in split:
-        prompt, completion = list(row["prompt_ids"]), list(row["completion_ids"])
-        if max_len is not None:
-            prompt = prompt[:max_len]
-            completion = completion[:max(0, max_len - len(prompt))]
-        if len(prompt) + len(completion) >= 2:
-            out.append((prompt, completion))
-    return out
-
-
-def features_key(cfg, n_train: int, n_heldout: int) -> dict:
-    """What makes ``features.pt`` reusable: the format, the datagen output (its path and the sha256 of its
-    manifest.json, which a regenerated output at the same path changes: its timings, counts, config), the target,
-    the rows."""
-    import hashlib
-
-    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
-
-    manifest = hashlib.sha256((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_bytes()).hexdigest()
-    return {"format": FEATURES_FORMAT, "data": str(Path(cfg.data_dir).resolve()), "data_manifest": manifest,
-            "target": str(cfg.target), "max_len": cfg.max_len, "train_rows": n_train, "heldout_rows": n_heldout}
-
-
-def load_features(out_dir: Path, key: dict, target, train_rows, heldout_rows, log=print,
-                  write: bool = True) -> tuple[list, list]:
-    """The target's features of both splits: read from ``out_dir/features.pt`` when it holds these rows of this
-    target (its key equals `key`), else computed (one teacher-forced forward per batch of rows) and, with `write`
-    (the main process), written there atomically; a torn or foreign file is computed again."""
-    path = out_dir / FEATURES
-    if path.exists():
-        try:
-            cached = torch.load(path, weights_only=False)
-        except Exception:  # a torn or foreign file: computed again
-            cached = None
-        if isinstance(cached, dict) and cached.get("key") == key:
-            return cached["train"], cached["heldout"]
-    start = time.perf_counter()
-    train, heldout = target_features(target, train_rows), target_features(target, heldout_rows)
-    tokens = sum(len(it["ids"]) for it in train + heldout)
-    log(f"train: the target's features of {len(train) + len(heldout)} rows ({tokens} tokens) in "
-        f"{time.perf_counter() - start:.0f} s")
-    if write:
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"key": key, "train": train, "heldout": heldout}, tmp)
-        os.replace(tmp, path)
-    return train, heldout
-
 
 def _on(s: Shifted, device) -> Shifted:
     return Shifted(**{f.name: getattr(s, f.name).to(device) for f in fields(Shifted)})
@@ -186,8 +130,9 @@ class EagleObjective(Objective):
         key = features_key(cfg, len(ds["train"]), len(heldout_split))
         out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.ftrain, self.fheld = load_features(out_dir, key, target, _rows(ds["train"], cfg.max_len),
-                                                _rows(heldout_split, cfg.max_len), log=accelerator.print,
+        self.ftrain, self.fheld = load_features(out_dir, key, lambda rows: target_features(target, rows),
+                                                split_rows(ds["train"], cfg.max_len),
+                                                split_rows(heldout_split, cfg.max_len), log=accelerator.print,
                                                 write=accelerator.is_main_process)
         accelerator.wait_for_everyone()
         world = accelerator.num_processes

@@ -1,7 +1,8 @@
 """The one training loop: :func:`fit` runs an :class:`Objective` (how a kind of draft is scored and saved).
 
 Every kind of draft trains here — a draft model by distillation (every loss, cached or online teacher), LoRA and
-on-policy batches (train/distill.py), an EAGLE head over the target's features (train/eagle_objective.py) — so
+on-policy batches (train/distill.py), an EAGLE-1 head over the target's features (train/eagle_objective.py), an
+EAGLE-3 head with the training-time test (train/eagle3_objective.py) — so
 resume, gradient accumulation, the non-finite check, clipping, the learning-rate schedule, held-out evaluation,
 keeping the best step, patience, checkpoints and the metrics record have one home. What ``fit`` writes:
 
@@ -132,7 +133,7 @@ def mixed_precision(cfg, device: str) -> str:
         return cfg.mixed_precision
     if device == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if device == "cpu" and cfg.finetune == "eagle" and cpu_has_native_bf16() else "no"
+    return "bf16" if device == "cpu" and cfg.finetune in ("eagle", "eagle3") and cpu_has_native_bf16() else "no"
 
 
 def _fused_adamw_fits(params: list) -> bool:
@@ -170,10 +171,13 @@ def lr_lambda(cfg):
 def checkpoint_score(ev: dict, best_by: str = "auto") -> tuple[str, float]:
     """(key, value) that ranks a held-out evaluation: `best_by` (method.best_by) when measured; ``auto`` (and a
     figure not measured: method.loss=ce without a teacher has no distribution) takes expected acceptance, else
-    top-1 agreement."""
+    top-1 agreement. An objective that measures ``heldout/acceptance_length`` (EAGLE-3: the accepted tokens per
+    round its agreement per position implies, greedy) is ranked by it unless `best_by` is expected_acceptance."""
     order = ("heldout/expected_acceptance", "heldout/top1_agreement")
     if best_by == "top1_agreement":
         order = order[::-1]
+    if best_by != "expected_acceptance":
+        order = ("heldout/acceptance_length", *order)
     key = next(k for k in order if k in ev)
     return key, ev[key]
 

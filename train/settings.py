@@ -87,7 +87,8 @@ class DatagenSettings(PromptFormat):
         return PromptSource(self.prompts, **fmt)
 
 
-FINETUNES = ("full", "lora", "eagle")
+FINETUNES = ("full", "lora", "eagle", "eagle3")
+HEADS = ("eagle", "eagle3")  # finetunes that train a head over the target's features, not a draft model
 TEACHERS = ("cached", "online")
 CACHED_TAILS = ("uniform", "bucket")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -106,7 +107,8 @@ class TrainSettings:
 
     name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
     # what training changes: full (every weight of the draft) | lora (adapters, merged into the draft) | eagle (an
-    # EAGLE-1 head over the target's own features, in place of a draft model: train/eagle_objective.py)
+    # EAGLE-1 head over the target's own features, in place of a draft model) | eagle3 (an EAGLE-3 head over three
+    # of its layers, with its own draft vocabulary; a speculators-format folder): train/eagle_objective.py
     finetune: str = "full"
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
@@ -125,6 +127,14 @@ class TrainSettings:
     # rounds propose: EAGLE's own loss mask); the head reads the prompt's slots either way
     eagle_loss_on: str = "all"
     eagle_noise: float = 0.0  # eagle: uniform noise in [-x, x] on the features the head reads in training (EAGLE-1's)
+    # eagle3: the target's layers whose input streams the head fuses (3 distinct ids); unset: vLLM's (2, L//2, L-3)
+    eagle_layers: Any = None
+    # the draft's vocabulary: eagle3, the N ids the target says most in the training data (its head's rows, mapped to
+    # the target's by d2t; 0 = the target's whole vocabulary); method.reduced_head: the eval's (set from
+    # eval.draft_vocab by the pipeline)
+    draft_vocab: int = 0
+    ttt_steps: int = 3  # eagle3: unrolled steps of the training-time test (the proposals trained as decoding makes them)
+    ttt_decay: float = 0.8  # eagle3: step j's loss weighs ttt_decay ** j (EAGLE-3's and SpecForge's 0.8)
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -178,15 +188,29 @@ class TrainSettings:
         check(not (self.reduced_head and self.on_policy_fraction > 0),
               "method.reduced_head with on-policy batches is not supported (the draft samples from its full head); "
               "set method.on_policy_fraction=0 or method.reduced_head=false")
-        if self.finetune == "eagle":
-            check(self.on_policy_fraction == 0, "method.finetune=eagle learns from the target's features of the "
-                  "datagen rows: on-policy batches do not apply; set method.on_policy_fraction=0")
-            check(not self.freeze_embeddings, "method.freeze_embeddings does not apply to method.finetune=eagle (the "
-                  "head has no embedding or output head of its own: it uses the target's, frozen)")
+        if self.finetune in HEADS:
+            check(self.on_policy_fraction == 0, f"method.finetune={self.finetune} learns from the target's features "
+                  "of the datagen rows: on-policy batches do not apply; set method.on_policy_fraction=0")
+            check(not self.freeze_embeddings, f"method.freeze_embeddings does not apply to method.finetune="
+                  f"{self.finetune} (the head uses the target's embedding, frozen)")
             check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
             check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
             check_choice("method.eagle_loss_on", self.eagle_loss_on, ("all", "completion"))
             check(self.eagle_noise >= 0, f"method.eagle_noise must be >= 0, got {self.eagle_noise}")
+        if self.finetune == "eagle3":
+            layers = self.eagle_layers
+            check(layers is None or (isinstance(layers, (list, tuple)) and len(layers) == 3
+                                     and all(isinstance(i, int) and i >= 0 for i in layers) and len(set(layers)) == 3),
+                  f"method.eagle_layers must be 3 distinct layer ids of the target (or unset: vLLM's (2, L//2, L-3)), "
+                  f"got {layers!r}")
+            check(self.ttt_steps >= 1, f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
+            check(0 < self.ttt_decay <= 1, f"method.ttt_decay must be in (0, 1], got {self.ttt_decay}")
+            check(not self.reduced_head, "method.reduced_head does not apply to method.finetune=eagle3: its head has "
+                  "its own draft vocabulary (method.draft_vocab)")
+        check(self.draft_vocab >= 0, f"method.draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
+        check(self.draft_vocab == 0 or self.finetune == "eagle3" or self.reduced_head,
+              "method.draft_vocab sizes an EAGLE-3 head's vocabulary (method.finetune=eagle3); a draft model's "
+              "reduced head takes eval.draft_vocab (method.reduced_head=true)")
         check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
         if self.finetune == "lora":
@@ -204,7 +228,7 @@ class TrainSettings:
         """Whether training runs the target: an online teacher, on-policy batches, or an EAGLE head (it reads the
         target's features)."""
         return ((self.loss != "ce" and self.teacher == "online") or self.on_policy_fraction > 0
-                or self.finetune == "eagle")
+                or self.finetune in HEADS)
 
 
 
@@ -226,7 +250,6 @@ class TrainConfig(TrainSettings):
     log_with: Optional[str] = None  # an accelerate tracker name, e.g. "wandb"
     tracker_project: str = "draftsmith"
     tracker_init: dict = field(default_factory=dict)
-    draft_vocab: int = 0  # method.reduced_head: the eval.draft_vocab size (the same ids: decode/vocab.py datagen_vocab)
 
     def __post_init__(self):
         super().__post_init__()
@@ -235,5 +258,5 @@ class TrainConfig(TrainSettings):
               "eval.draft_vocab=N (e.g. 8192), or method.reduced_head=false")
         check(not self.needs_target or bool(self.target),
               "pair.target is required for method.teacher=online, for on-policy batches and for "
-              "method.finetune=eagle (or use "
+              "method.finetune=eagle|eagle3 (or use "
               "method.teacher=cached with a datagen run that stored top-k log-probs, or method.loss=ce)")

@@ -2,14 +2,15 @@
 
 Reads a datagen output, writes to ``cfg.out_dir``:
     draft/              what serving engines load: a merged HF model directory with the tokenizer, or an EAGLE
-                        head's folder (``method.finetune=eagle``)
+                        head's folder (``method.finetune=eagle``; ``eagle3``: a speculators-format folder)
     adapter/            the LoRA adapter (method.finetune=lora only)
     checkpoints/step_N/ accelerate ``save_state`` checkpoints; ``resume`` continues from the last
     train_metrics.json  loss curve and periodic held-out metrics
     manifest.json       resolved config, inputs, provenance; written last, it marks completion
 
 This module picks the objective for ``method.finetune`` (train/distill.py for a draft model, train/eagle_objective.py
-for an EAGLE head) and hands it to train/loop.py ``fit``, which owns everything a run shares.
+for an EAGLE-1 head, train/eagle3_objective.py for an EAGLE-3 head) and hands it to train/loop.py ``fit``, which
+owns everything a run shares.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from draftsmith.decode.pair import load_tokenizer
 from draftsmith.train.inputs import check_inputs
 from draftsmith.train.loop import TrainingError, fit, new_accelerator, run_device
-from draftsmith.train.settings import RENAMED, TrainConfig
+from draftsmith.train.settings import HEADS, RENAMED, TrainConfig
 
 __all__ = ["TrainConfig", "TrainingError", "run", "main"]
 
@@ -33,7 +34,8 @@ def run(cfg: TrainConfig) -> dict:
     from draftsmith.train.datagen import load_output
 
     ds, manifest = load_output(cfg.data_dir)
-    if cfg.finetune == "eagle":
+    if cfg.finetune in HEADS:
+        from draftsmith.train.eagle3_objective import Eagle3Objective
         from draftsmith.train.eagle_objective import EagleObjective
 
         tokenizer = load_tokenizer(cfg.target, "target")
@@ -41,7 +43,8 @@ def run(cfg: TrainConfig) -> dict:
         check_inputs(replace(cfg, draft=cfg.target, teacher="online"), manifest, ds, tokenizer, tokenizer)
         accelerator = new_accelerator(cfg, run_device(cfg))
         set_seed(cfg.seed)
-        objective = EagleObjective(cfg, accelerator, ds, tokenizer)
+        kind = EagleObjective if cfg.finetune == "eagle" else Eagle3Objective
+        objective = kind(cfg, accelerator, ds, tokenizer)
     else:
         from draftsmith.train.distill import DistillObjective
 

@@ -1,0 +1,189 @@
+"""Training an EAGLE-3 head (decode/eagle3.py) on the target's features at three layers, with the training-time test.
+
+- :func:`target_aux_rows`: one teacher-forced forward of the target per batch of rows -> per row its token ids, the
+  residual stream entering the head's three layers (``aux``), its final post-norm features (``h``: what its head
+  reads, the teacher) and its argmax;
+- :func:`shifted3`: a batch of those rows laid out for the head (slot t: the token x_{t+1}, the features at t, the
+  teacher's features and argmax at t+1);
+- :func:`eagle3_loss`: the training-time test's loss — the head unrolled ``steps`` times (EAGLE-3, arXiv
+  2503.01840, section 3.2; decode/eagle3.py ``Eagle3Head.ttt``), each step scored against the target's
+  distribution at the same slot (restricted to the draft vocabulary), step j weighted ``decay**j`` (SpecForge's
+  and EAGLE-3's 0.8);
+- :func:`heldout_metrics`: the head's agreement with the target per unrolled position and the expected acceptance
+  length it implies (sum over k of the probability that proposals 1..k are all accepted, greedy).
+
+The train stage runs them for ``method.finetune=eagle3`` (train/eagle_objective.py ``Eagle3Objective``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.decode.eagle3 import Eagle3Head, target_aux_features
+
+
+@torch.no_grad()
+def target_aux_rows(target: torch.nn.Module, rows: list[tuple[list[int], list[int]]], layers: list[int],
+                    batch: int = 16) -> list[dict]:
+    """Teacher-forced features of (prompt_ids, completion_ids) rows -> per row, in order: ``ids`` [L], ``aux``
+    [L, 3H] (the stream entering each of `layers`), ``h`` [L, H] (final post-norm), ``top`` [L] (the target's
+    argmax) and ``prompt_len``. Rows are batched by length, right-padded (causal: padding never reaches a real
+    position)."""
+    out: list[dict | None] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
+    head_w = target.get_output_embeddings().weight
+    device = head_w.device
+    for s in range(0, len(order), batch):
+        idx = order[s:s + batch]
+        seqs = [list(rows[i][0]) + list(rows[i][1]) for i in idx]
+        n = max(map(len, seqs))
+        ids = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
+        mask = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
+        for j, q in enumerate(seqs):
+            ids[j, :len(q)] = torch.tensor(q, device=device)
+            mask[j, :len(q)] = 1
+        aux, hs = target_aux_features(target, ids, mask, layers)
+        top = F.linear(hs, head_w).argmax(-1)
+        for j, i in enumerate(idx):
+            length = len(seqs[j])
+            out[i] = {"ids": ids[j, :length].cpu(), "aux": aux[j, :length].cpu(), "h": hs[j, :length].cpu(),
+                      "top": top[j, :length].cpu(), "prompt_len": len(rows[i][0])}
+    return out  # type: ignore[return-value]
+
+
+@dataclass
+class Shifted3:
+    """Feature rows laid out for the head, slot t of a row of length L (t < L-1): the input token x_{t+1}
+    (``next_ids``), the target's features at t (``aux``), its final features at t+1 (``h_next``: the teacher) and
+    argmax at t+1 (``top_next``: its choice of x_{t+2}); ``valid`` marks real slots, ``completion`` the slots a
+    decode round's first proposal is made from (t >= P-1 for a prompt of P tokens)."""
+
+    next_ids: torch.Tensor
+    aux: torch.Tensor
+    h_next: torch.Tensor
+    top_next: torch.Tensor
+    valid: torch.Tensor
+    completion: torch.Tensor
+    pos: torch.Tensor
+
+    def to(self, device) -> "Shifted3":
+        return Shifted3(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def shifted3(items: list[dict]) -> Shifted3:
+    """:class:`Shifted3` of :func:`target_aux_rows` rows (right-padded to the longest)."""
+    n = max(len(it["ids"]) for it in items) - 1
+    b = len(items)
+    a_width, h_width = items[0]["aux"].shape[-1], items[0]["h"].shape[-1]
+    s = Shifted3(next_ids=torch.zeros(b, n, dtype=torch.long), aux=torch.zeros(b, n, a_width),
+                 h_next=torch.zeros(b, n, h_width), top_next=torch.full((b, n), -1, dtype=torch.long),
+                 valid=torch.zeros(b, n, dtype=torch.bool), completion=torch.zeros(b, n, dtype=torch.bool),
+                 pos=torch.arange(n).unsqueeze(0).expand(b, n))
+    for j, it in enumerate(items):
+        length = len(it["ids"]) - 1
+        s.next_ids[j, :length] = it["ids"][1:]
+        s.aux[j, :length] = it["aux"][:-1]
+        s.h_next[j, :length] = it["h"][1:]
+        s.top_next[j, :length] = it["top"][1:]
+        s.valid[j, :length] = True
+        s.completion[j, max(0, it["prompt_len"] - 1):length] = True
+    return s
+
+
+def chain_mask(base: torch.Tensor, j: int) -> torch.Tensor:
+    """[B, T] slots s where step j has a chain: `base` at s and at s-j (the slot whose real features start it)."""
+    if j == 0:
+        return base
+    out = torch.zeros_like(base)
+    out[:, j:] = base[:, j:] & base[:, :-j]
+    return out
+
+
+@torch.no_grad()
+def teacher_probs(h: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
+    """The target's distribution over the rows of `head_w` (the draft vocabulary's) at final features `h`, in
+    float32 whatever autocast is on."""
+    with torch.autocast(h.device.type, enabled=False):
+        return torch.softmax(h.float() @ head_w.float().T, dim=-1)
+
+
+def eagle3_loss(head: Eagle3Head, s: Shifted3, emb_w: torch.Tensor, full_w: torch.Tensor, steps: int,
+                decay: float = 0.8, on: str = "completion", forward=None) -> tuple[torch.Tensor, dict]:
+    """The training-time test's loss on a :class:`Shifted3` batch -> (loss, parts).
+
+    Sum over steps j = 0..steps-1 of ``decay**j`` x the soft cross-entropy of step j's proposal (its logits over
+    the draft vocabulary) to the target's distribution at the slot's next position, renormalised over the draft
+    vocabulary, at the slots where step j has a chain (:func:`chain_mask` over the completion's slots, or every
+    real slot with `on` "all"). `emb_w`: the target's input embedding; `full_w`: its output head (the teacher);
+    `forward`: what runs the head's forward (a data-parallel wrapper of `head`; default `head` itself)."""
+    if on not in ("all", "completion"):
+        raise ValueError(f"eagle3_loss: on={on!r}, expected 'all' or 'completion'")
+    base = s.valid & s.completion if on == "completion" else s.valid
+    emb = F.embedding(s.next_ids, emb_w)
+    outs = (forward or head)(s.aux, emb, s.pos, steps)
+    head_w = full_w[head.vocab]
+    loss = outs[0].sum() * 0.0  # a batch without a scored slot: no gradient, no NaN
+    parts = {}
+    for j, out in enumerate(outs):
+        m = chain_mask(base, j)
+        if not m.any():
+            parts[f"ce{j + 1}"] = 0.0
+            continue
+        p = teacher_probs(s.h_next[m], head_w)
+        ce = -(p * torch.log_softmax(head.logits(out[m]).float(), dim=-1)).sum(-1).mean()
+        loss = loss + decay ** j * ce
+        parts[f"ce{j + 1}"] = float(ce.detach())
+    return loss, parts
+
+
+@torch.no_grad()
+def heldout_metrics(head: Eagle3Head, items: list[dict], emb_w: torch.Tensor, full_w: torch.Tensor, steps: int,
+                    batch_size: int, decay: float = 0.8, on: str = "completion") -> dict:
+    """Held-out figures of `head` on :func:`target_aux_rows` rows, at the completion's slots (where rounds start):
+    the loss; ``top1_agreement`` (the first proposal is the target's argmax); ``expected_acceptance`` (sum
+    min(p, q) of the first proposal, p the target's full distribution); ``agreement_at_j`` (proposal j is the
+    target's argmax given proposals 1..j-1 were: what greedy decoding accepts at position j) and
+    ``acceptance_length`` (sum over k <= steps of P(proposals 1..k all accepted): accepted tokens per round of
+    K = steps, the bonus token not counted)."""
+    was_training = head.training
+    head.eval()
+    device = emb_w.device
+    loss_sum = batches = 0.0
+    overlap, first = 0.0, 0
+    chained = [0] * steps  # rounds whose proposals 1..j+1 were all right
+    rounds = [0] * steps  # rounds with a slot for proposal j+1
+    for start in range(0, len(items), batch_size):
+        s = shifted3(items[start:start + batch_size]).to(device)
+        loss, _ = eagle3_loss(head, s, emb_w, full_w, steps, decay, on)
+        loss_sum, batches = loss_sum + float(loss), batches + 1
+        outs = head(s.aux, F.embedding(s.next_ids, emb_w), s.pos, steps)
+        start_ok = s.valid & s.completion  # slots a round starts from
+        ok_all = start_ok.clone()
+        for j, out in enumerate(outs):
+            logits = head.logits(out)
+            ok = (head.vocab[logits.argmax(-1)] == s.top_next) & s.valid  # [B, T]: step j right at slot
+            if j == 0:
+                q = torch.softmax(logits[start_ok].float(), -1)
+                p = torch.softmax(s.h_next[start_ok] @ full_w.T, -1)[:, head.vocab]
+                overlap += float(torch.minimum(p, q).sum())
+                first += int(start_ok.sum())
+            # round r's proposal j+1 is step j at slot r+j
+            shifted_ok = torch.zeros_like(ok)
+            shifted_ok[:, : ok.shape[1] - j] = ok[:, j:]
+            has = torch.zeros_like(ok)
+            has[:, : ok.shape[1] - j] = s.valid[:, j:]
+            ok_all = ok_all & shifted_ok
+            rounds[j] += int((start_ok & has).sum())
+            chained[j] += int((ok_all & has).sum())
+    head.train(was_training)
+    reach = [chained[j] / max(rounds[j], 1) for j in range(steps)]  # P(proposals 1..j+1 all right)
+    out = {"heldout/loss": loss_sum / max(batches, 1), "heldout/top1_agreement": reach[0],
+           "heldout/expected_acceptance": overlap / max(first, 1), "heldout/acceptance_length": sum(reach),
+           "heldout/positions": first}
+    for j in range(steps):
+        out[f"heldout/agreement_at_{j + 1}"] = reach[j] / reach[j - 1] if j and reach[j - 1] > 0 else \
+            (reach[0] if j == 0 else 0.0)
+    return out

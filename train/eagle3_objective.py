@@ -1,0 +1,135 @@
+"""The EAGLE-3 objective (``method.finetune=eagle3``): a head over three of the target's layers (decode/eagle3.py),
+trained with the training-time test (train/eagle3.py) in the one training loop (train/loop.py). It writes
+
+    draft/              the head as a speculators-format folder (config.json with ``speculators_model_type: eagle3``,
+                        its layer config, draft vocabulary, feature layers, norm flags and verifier; model.safetensors
+                        under vLLM's names with ``d2t``/``t2d``): ``vllm serve draft/`` serves the verifier with it;
+                        ``draftsmith_eagle.json`` (how it was trained) and the target's tokenizer
+    features.pt         the target's features of the rows (train/features.py; deleted when the stage completes)
+
+The draft vocabulary is the ``method.draft_vocab`` ids the target says most in the datagen output (decode/vocab.py
+``datagen_vocab``, the target's EOS kept; 0: the whole vocabulary). The head starts from ``cfg.draft`` when that
+is an EAGLE-3 folder for this target (trained further on new data), else from the target (decode/eagle3.py
+``head_for_target``). Held-out figures (train/eagle3.py ``heldout_metrics``): agreement per unrolled position and
+the acceptance length they imply, which ranks the evaluations (train/loop.py ``checkpoint_score``) under greedy
+decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftsmith.artifacts import atomic_dir
+from draftsmith.decode.eagle3 import head_for_target, is_eagle3_dir, load_eagle3, save_eagle3
+from draftsmith.decode.eos import pretrained_eos_ids
+from draftsmith.decode.pair import load_model
+from draftsmith.decode.runners import logit_width
+from draftsmith.decode.vocab import datagen_vocab
+from draftsmith.train.eagle3 import Shifted3, eagle3_loss, heldout_metrics, shifted3, target_aux_rows
+from draftsmith.train.features import FEATURES, features_key, load_features, split_rows
+from draftsmith.train.loop import Objective, TrainingError
+from draftsmith.train.settings import TrainConfig
+
+
+def verifier_of(target: str, model) -> tuple[str, list[str]]:
+    """(name_or_path, architectures) of the verifier a head folder names: a local target by its absolute path (what
+    ``vllm serve HEAD_DIR`` loads), a hub id as given."""
+    path = Path(target)
+    name = str(path.resolve()) if path.exists() else target
+    return name, list(getattr(model.config, "architectures", None) or [type(model).__name__])
+
+
+class Eagle3Objective(Objective):
+    """An EAGLE-3 head over the target's teacher-forced features, scored by train/eagle3.py ``eagle3_loss`` (under
+    ``method.mixed_precision``'s autocast; held-out figures in float32, as the head is served)."""
+
+    label = "train (EAGLE-3 head)"
+
+    def __init__(self, cfg: TrainConfig, accelerator, ds, tokenizer):
+        self.cfg, self.accelerator, self.tokenizer = cfg, accelerator, tokenizer
+        target = load_model(cfg.target, "target", "float32", accelerator.device)
+        target.requires_grad_(False)
+        self.verifier = verifier_of(cfg.target, target)
+        width = logit_width(target)
+        self.vocab_info = None
+        vocab = None
+        if cfg.draft_vocab and cfg.draft_vocab < width:
+            vocab, self.vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width,
+                                                   sorted(pretrained_eos_ids(cfg.target, tokenizer)),
+                                                   key="method.draft_vocab")
+        try:
+            if is_eagle3_dir(cfg.draft):  # a head trained before, trained further (its own vocabulary and layers)
+                head = load_eagle3(cfg.draft, target).train()
+                accelerator.print(f"train: the EAGLE-3 head starts from {cfg.draft}")
+            else:
+                head = head_for_target(target, cfg.eagle_layers, vocab)
+        except (ValueError, RuntimeError) as exc:
+            raise TrainingError(f"method.finetune=eagle3: {exc}") from exc
+        self.model = self.bare = head
+        self.emb_w = target.get_input_embeddings().weight.detach()
+        self.full_w = target.get_output_embeddings().weight.detach()
+
+        heldout_split = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
+        key = features_key(cfg, len(ds["train"]), len(heldout_split), kind="eagle3", layers=list(head.layers))
+        out_dir = Path(cfg.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.ftrain, self.fheld = load_features(out_dir, key, lambda rows: target_aux_rows(target, rows, head.layers),
+                                                split_rows(ds["train"], cfg.max_len),
+                                                split_rows(heldout_split, cfg.max_len), log=accelerator.print,
+                                                write=accelerator.is_main_process)
+        accelerator.wait_for_everyone()
+        world = accelerator.num_processes
+        if len(self.ftrain) < cfg.batch_size * world:
+            raise TrainingError(f"{cfg.data_dir}: {len(self.ftrain)} usable training rows, fewer than "
+                                f"method.batch_size={cfg.batch_size} x {world} processes; lower method.batch_size or "
+                                "generate more data")
+        self.n_rows = len(self.ftrain)
+
+    def prepared(self, model) -> None:
+        # the bare head without accelerate's autocast wrapper: held-out figures (and the best step they pick) in
+        # float32, as the head is served; training runs under the autocast around its loss
+        self.bare = self.accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+        self.bare.train()
+
+    def batch(self, model, rows: list[int], micro: int) -> Shifted3:
+        return shifted3([self.ftrain[i] for i in rows]).to(self.accelerator.device)
+
+    def loss(self, model, batch: Shifted3) -> tuple[torch.Tensor, dict]:
+        cfg = self.cfg
+        with self.accelerator.autocast():
+            # the forward through `model` (a data-parallel wrapper sees it), the head's logits on the module itself
+            return eagle3_loss(self.bare, batch, self.emb_w, self.full_w, cfg.ttt_steps, cfg.ttt_decay,
+                               cfg.eagle_loss_on, forward=model)
+
+    def tokens(self, batch: Shifted3) -> int:
+        return int(batch.valid.sum())
+
+    def evaluate(self, model) -> dict:
+        if not self.fheld:
+            return {}
+        cfg = self.cfg
+        return heldout_metrics(self.bare, self.fheld, self.emb_w, self.full_w, cfg.ttt_steps, cfg.batch_size,
+                               cfg.ttt_decay, cfg.eagle_loss_on)
+
+    def record(self, history: dict) -> dict:
+        return {"reduced_head": None, "draft_vocab": self.vocab_info, "kind": "eagle3",
+                "eagle_layers": list(self.bare.layers), "ttt_steps": self.cfg.ttt_steps,
+                "features": {"train_rows": len(self.ftrain), "heldout_rows": len(self.fheld),
+                             "tokens": sum(len(it["ids"]) for it in self.ftrain + self.fheld)}}
+
+    def manifest(self) -> dict:
+        return {"outputs": {"draft": "draft", "adapter": None}, "kind": "eagle3"}
+
+    def save(self, model, out_dir: Path, step: int) -> None:
+        cfg = self.cfg
+        with atomic_dir(out_dir / "draft") as tmp:
+            save_eagle3(tmp, self.bare, verifier=self.verifier[0], verifier_architectures=self.verifier[1],
+                        k=cfg.ttt_steps, data=str(cfg.data_dir), target=str(cfg.target), step=step, lr=cfg.lr,
+                        ttt_steps=cfg.ttt_steps, ttt_decay=cfg.ttt_decay, loss_on=cfg.eagle_loss_on,
+                        train_rows=len(self.ftrain), draft_vocab=self.bare.draft_vocab_size)
+            self.tokenizer.save_pretrained(tmp)
+
+    def finished(self, out_dir: Path) -> None:
+        (out_dir / FEATURES).unlink(missing_ok=True)

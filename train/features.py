@@ -1,0 +1,72 @@
+"""The target's features of a datagen output's rows, computed once per train run and kept for a resume.
+
+An EAGLE head learns from the target's teacher-forced features (EAGLE-1: its last post-norm features; EAGLE-3: the
+streams entering three layers and its final features). They are computed before the first step and written to
+``OUT/train/features.pt`` with a key (:func:`features_key`: the datagen output, the target, the rows, the kind of
+head and its layers), so a resumed run reads them back instead of computing them again; the objective deletes the
+file when the stage completes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+FEATURES = "features.pt"
+FEATURES_FORMAT = 1  # bump when what features.pt holds changes: older files are then computed again
+
+
+def split_rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, completion_ids) of a datagen split, cut to `max_len` tokens in all (method.max_len)."""
+    out = []
+    for row in split:
+        prompt, completion = list(row["prompt_ids"]), list(row["completion_ids"])
+        if max_len is not None:
+            prompt = prompt[:max_len]
+            completion = completion[:max(0, max_len - len(prompt))]
+        if len(prompt) + len(completion) >= 2:
+            out.append((prompt, completion))
+    return out
+
+
+def features_key(cfg, n_train: int, n_heldout: int, **kind) -> dict:
+    """What makes ``features.pt`` reusable: the format, the datagen output (its path and the sha256 of its
+    manifest.json, which a regenerated output at the same path changes: its timings, counts, config), the target,
+    the rows, and `kind` (what the head reads: EAGLE-3's kind and layers)."""
+    import hashlib
+
+    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
+
+    manifest = hashlib.sha256((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_bytes()).hexdigest()
+    return {"format": FEATURES_FORMAT, "data": str(Path(cfg.data_dir).resolve()), "data_manifest": manifest,
+            "target": str(cfg.target), "max_len": cfg.max_len, "train_rows": n_train, "heldout_rows": n_heldout,
+            **kind}
+
+
+def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], train_rows, heldout_rows, log=print,
+                  write: bool = True) -> tuple[list, list]:
+    """The target's features of both splits: read from ``out_dir/features.pt`` when it holds these rows of this
+    target (its key equals `key`), else computed (`compute(rows)`: teacher-forced forwards) and, with `write`
+    (the main process), written there atomically; a torn or foreign file is computed again."""
+    path = out_dir / FEATURES
+    if path.exists():
+        try:
+            cached = torch.load(path, weights_only=False)
+        except Exception:  # a torn or foreign file: computed again
+            cached = None
+        if isinstance(cached, dict) and cached.get("key") == key:
+            return cached["train"], cached["heldout"]
+    start = time.perf_counter()
+    train, heldout = compute(train_rows), compute(heldout_rows)
+    tokens = sum(len(it["ids"]) for it in train + heldout)
+    log(f"train: the target's features of {len(train) + len(heldout)} rows ({tokens} tokens) in "
+        f"{time.perf_counter() - start:.0f} s")
+    if write:
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"key": key, "train": train, "heldout": heldout}, tmp)
+        os.replace(tmp, path)
+    return train, heldout
