@@ -216,8 +216,8 @@ def trained_head(target, steps=120, seed=0, layers=LAYERS, vocab=None, ttt=3):
         prompt = torch.randint(4, target.config.vocab_size, (1, 4), generator=gen)
         out = autoregressive_generate(target, prompt, max_new_tokens=16).sequences[0].tolist()
         rows.append((out[:4], out[4:]))
-    items = target_aux_rows(target, rows, layers)
-    head = head_for_target(target, layers, vocab)
+    head = head_for_target(target, layers, vocab)  # layers None: vLLM's default
+    items = target_aux_rows(target, rows, head.layers)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     emb_w, full_w = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
     torch.manual_seed(seed)

