@@ -1,6 +1,6 @@
 """``draftsmith-registry``: list, show and re-alias registry versions; complete pending W&B links.
 
-    draftsmith-registry list [NAME] [--root registry]
+    draftsmith-registry list [NAME] [--root registry]   # every option before or after the subcommand
     draftsmith-registry show NAME [REF]          # REF: 3, v3, or an alias (default production); with the
                                                  # K per concurrency band when promoted on a serving A/B, the
                                                  # batch-size K schedule vLLM serves, and the --speculative-config
@@ -24,7 +24,17 @@ from draftsmith.serve.schedule import describe_schedule
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="draftsmith-registry", description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="registry", help="registry root directory (config key registry.root)")
+    # --root after the subcommand too (`show NAME --root R`): each subcommand takes it, defaulting to "not given"
+    # so that the one before the subcommand, or the default, stands when it is left out
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", default=argparse.SUPPRESS, help="registry root directory (config key registry.root)")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser
+
+    def with_common(*args, **kwargs):
+        return add_parser(*args, parents=[common], **kwargs)
+
+    sub.add_parser = with_common
     p_list = sub.add_parser("list", help="versions and aliases of one name, or all names")
     p_list.add_argument("name", nargs="?")
     p_show = sub.add_parser("show", help="one version's record, speculative config and path")

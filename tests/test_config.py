@@ -200,3 +200,17 @@ def test_a_train_config_json_with_the_old_field_fails_in_one_line(tmp_path):
     path.write_text(json.dumps({"data_dir": "d", "draft": "x", "out_dir": "o", "method": "lora"}))
     with pytest.raises(SystemExit, match="the field 'method' is now 'finetune'"):
         trainer.main([str(path)])
+
+
+def test_help_says_what_draftsmith_is_and_the_commands_people_run():
+    out = subprocess.run([sys.executable, "-m", "draftsmith", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("draftsmith trains and qualifies draft models for speculative decoding")
+    assert "Hydra" not in lines[0]
+    head = "\n".join(lines[:30])
+    for command in ("  draftsmith  ", "pair.target=", "experiment=smollm2-135m", "draftsmith -m ", "serve.engine=vllm"):
+        assert command in head, command
+    for stage in ("datagen", "train", "eval", "serve", "promote"):
+        assert f"  {stage} " in head, stage
+    assert "method: eagle, eagle3, kd" in out.stdout and "== Config (" in out.stdout  # then Hydra's groups, the config

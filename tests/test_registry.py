@@ -115,6 +115,19 @@ def test_registry_cli_list_show_alias(tmp_path, capsys):
     assert "has no version 7" in capsys.readouterr().err
 
 
+def test_registry_cli_takes_its_options_before_or_after_the_subcommand(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "reg"
+    LocalRegistry(root).register("demo", fake_draft(tmp_path / "a", 1), metrics={}, promotion=PROMOTION, k=3)
+    monkeypatch.chdir(tmp_path)  # the default root, ./registry, holds nothing: a --root that is ignored shows
+    for argv in (["show", "demo", "--root", str(root)], ["--root", str(root), "show", "demo"],
+                 ["show", "--root", str(root), "demo", "production"]):
+        assert registry_cli.main(argv) == 0, argv
+        assert json.loads(capsys.readouterr().out)["version"] == 1
+    assert registry_cli.main(["list", "--root", str(root)]) == 0 and "v1" in capsys.readouterr().out
+    assert registry_cli.main(["show", "demo"]) == 2  # ./registry: nothing there
+    assert "registry" in capsys.readouterr().err
+
+
 class FakeOnlineRun:
     """Stands in for an online wandb run: the one call W&B cannot make offline (link_artifact) is
     faked here and recorded; everything else about the flow is real."""
