@@ -38,17 +38,12 @@ def _find(model: torch.nn.Module, path: str):
     return obj
 
 
-def lean_unsupported(model: torch.nn.Module) -> str | None:
-    """Why :class:`LeanModel` cannot run `model` exactly, or None when it can."""
-    config = getattr(model, "config", None)
+def config_unsupported(config) -> str | None:
+    """Why :class:`LeanModel` cannot run a model of this config exactly, or None when the config allows it (the
+    model's modules are :func:`lean_unsupported`'s to check): read before a model is loaded (preflight)."""
     model_type = getattr(config, "model_type", None)
     if model_type not in LEAN_MODEL_TYPES:
         return f"model type {model_type!r} (lean forward covers {', '.join(LEAN_MODEL_TYPES)})"
-    if type(model).__name__ not in {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}:
-        return f"model class {type(model).__name__} (a wrapper or a head other than the causal-LM one)"
-    layers = _find(model, "model.layers")
-    if layers is None or _find(model, "model.rotary_emb") is None or _find(model, "model.norm") is None:
-        return "no model.layers / model.rotary_emb / model.norm"
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(config, 'hidden_act', None)!r} (lean forward covers silu)"
     layer_types = getattr(config, "layer_types", None) or []
@@ -59,6 +54,20 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if "dynamic" in rope_type or rope_type == "longrope":
         return f"rope_type {rope_type!r} (position tables that change with the sequence length)"
+    return None
+
+
+def lean_unsupported(model: torch.nn.Module) -> str | None:
+    """Why :class:`LeanModel` cannot run `model` exactly, or None when it can."""
+    config = getattr(model, "config", None)
+    reason = config_unsupported(config)
+    if reason is not None:
+        return reason
+    if type(model).__name__ not in {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}:
+        return f"model class {type(model).__name__} (a wrapper or a head other than the causal-LM one)"
+    layers = _find(model, "model.layers")
+    if layers is None or _find(model, "model.rotary_emb") is None or _find(model, "model.norm") is None:
+        return "no model.layers / model.rotary_emb / model.norm"
     for i, layer in enumerate(layers):
         for path in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):

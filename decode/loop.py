@@ -224,13 +224,13 @@ def eagle_generate(
     the target's features it reads when) is ``_Eagle``'s docstring.
     ``stats.draft_backend`` is "eagle"; the in-loop costs are recorded as for a draft model.
     """
-    from draftsmith.decode.lean import LeanModel, lean_unsupported, unsupported_error
+    from draftsmith.decode.lean import LeanModel, lean_unsupported
 
     check_sampling_args(temperature, top_p, top_k)
     _check_k(k)
     reason = lean_unsupported(target)
     if reason is not None:
-        raise unsupported_error(reason)
+        raise head_unsupported_error(reason)
     prompt = _prepare_prompt(input_ids, attention_mask)
     capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
     tgt = LeanModel(target, capacity=capacity)
@@ -263,20 +263,29 @@ def eagle3_generate(
     layers; the head proposes over its own draft vocabulary, mapped to the target's ids through ``d2t``.
     ``stats.draft_backend`` is "eagle3".
     """
-    from draftsmith.decode.lean import LeanModel, lean_unsupported, unsupported_error
+    from draftsmith.decode.lean import LeanModel, lean_unsupported
 
     check_sampling_args(temperature, top_p, top_k)
     _check_k(k)
     reason = lean_unsupported(target)
     if reason is not None:
-        raise unsupported_error(reason)
+        raise head_unsupported_error(reason)
     prompt = _prepare_prompt(input_ids, attention_mask)
     capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
     tgt = LeanModel(target, capacity=capacity)
-    tgt.keep_layers = tuple(head.layers)
+    tgt.keep_layers = tuple(head.layers)  # the streams entering the head's layers, at every position it runs
     dft = _Eagle3(head, target, capacity)
     return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+
+
+def head_unsupported_error(reason: str):
+    """The error for a target an EAGLE head cannot run with: the head reads the lean forward's features, so there
+    is no other backend to fall back to (unlike a draft model's ``decode.backend=hf``)."""
+    from draftsmith.artifacts.errors import ConfigError
+
+    return ConfigError(f"an EAGLE head runs on the target's lean forward (it reads its features there), which does "
+                       f"not cover this target: {reason}; measure a draft model for it instead")
 
 
 def _check_k(k) -> None:

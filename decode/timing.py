@@ -55,13 +55,19 @@ class _EagleSteps:
 
 class _Eagle3Steps(_EagleSteps):
     """An EAGLE-3 head's decode-time runner (decode/eagle3.py ``Eagle3Runner``) called as a :class:`Runner`, as
-    :class:`_EagleSteps`: zero features in, its own draft vocabulary's logits out."""
+    :class:`_EagleSteps`: zero features of its three layers in (through ``fc``, as a round's real slots), its own
+    draft vocabulary's logits out."""
 
     def __init__(self, head, target: torch.nn.Module, capacity: int):
         from draftsmith.decode.eagle3 import Eagle3Runner
         from draftsmith.decode.runners import logit_width
 
         self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, logit_width(target), capacity)
+
+    def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        tokens, head = input_ids[0], self.runner.head
+        aux = self.runner.embed.new_zeros((tokens.shape[0], len(head.layers) * head.target_hidden))
+        return self.runner.logits(self.runner.forward(tokens, head.fuse(aux))[-keep:])  # fc timed, as a round runs it
 
 
 def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:

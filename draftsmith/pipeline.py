@@ -70,7 +70,7 @@ class Pipeline:
     # -- inputs -----------------------------------------------------------------------------
     def pair(self) -> tuple[str, str | None]:
         """(target, base draft) ids or paths; the demo pair is built (or found in the cache) here. The base draft is
-        None when there is none: an EAGLE head (method.finetune=eagle) is trained from the target alone."""
+        None when there is none: an EAGLE head (method.finetune=eagle|eagle3) is trained from the target alone."""
         if self._pair is None:
             from draftsmith.demo import cache_root
             from draftsmith.pairs import layer_draft, resolve_model

@@ -97,17 +97,17 @@ def check_eagle3_target(target: str, layers) -> None:
     from transformers import AutoConfig
 
     from draftsmith.decode.eagle3 import default_layers
-    from draftsmith.decode.lean import LEAN_MODEL_TYPES
+    from draftsmith.decode.lean import config_unsupported
 
     try:
         config = AutoConfig.from_pretrained(target)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"method.finetune=eagle3: cannot read the config of pair.target={target} ({exc})") from exc
-    kind = getattr(config, "model_type", None)
-    if kind not in LEAN_MODEL_TYPES:
-        raise ConfigError(f"method.finetune=eagle3 trains a head for the targets draftsmith's loop runs it with "
-                          f"({', '.join(LEAN_MODEL_TYPES)}); pair.target={target} is {kind!r}: train a draft model "
-                          "instead (method=kd with pair.draft or pair.draft_layers)")
+    reason = config_unsupported(config)
+    if reason is not None:
+        raise ConfigError(f"method.finetune=eagle3 trains a head for the targets draftsmith's loop runs it with (its "
+                          f"lean forward: Llama, Mistral, Qwen2, Qwen3 with full attention); pair.target={target}: "
+                          f"{reason}: train a draft model instead (method=kd with pair.draft or pair.draft_layers)")
     n = int(config.num_hidden_layers)
     chosen = list(layers) if layers is not None else default_layers(n)
     if len(set(chosen)) != 3 or any(not 0 <= i < n for i in chosen):

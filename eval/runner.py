@@ -12,8 +12,10 @@ cells also check speculative == plain output on every run (greedy_match) and tim
 generation as a second engine (speed only, outputs compared).
 
 A draft directory holding an EAGLE head (decode/eagle.py ``is_eagle_dir``: what ``method.finetune=eagle`` trains)
-runs in :func:`~draftsmith.decode.loop.eagle_generate`, in the same cells and passes as draft models, its costs
-timed as that loop runs it; HF assisted generation has no EAGLE mode, so its cells have no HF A/B.
+runs in :func:`~draftsmith.decode.loop.eagle_generate`, an EAGLE-3 folder (decode/eagle3.py ``is_eagle3_dir``:
+``method.finetune=eagle3``) in :func:`~draftsmith.decode.loop.eagle3_generate` over its own draft vocabulary, in
+the same cells and passes as draft models, their costs timed as those loops run them; HF assisted generation has
+no EAGLE mode, so their cells have no HF A/B.
 
 Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
 ``cfg.out_dir`` atomically.
@@ -31,8 +33,6 @@ import torch
 from draftsmith.decode import autoregressive_generate, eagle3_generate, eagle_generate, speculative_generate
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.eagle3 import Eagle3Head, is_eagle3_dir, load_eagle3
-
-HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: draftsmith's loop runs them on its lean forward
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
@@ -46,6 +46,8 @@ from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
 from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
+
+HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
 
 SCHEMA_VERSION = 1
 
@@ -147,7 +149,8 @@ def eval_set_id(cfg: EvalConfig, prompts: list[torch.Tensor]) -> str:
 
 def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     """The draft `name` at `path`, checked against the target: a draft model (same tokenizer, embedding wide
-    enough), or an EAGLE head (decode/eagle.py), which shares the target's embedding and head and needs the target
+    enough), or an EAGLE head (decode/eagle.py; an EAGLE-3 folder, decode/eagle3.py), which shares the target's
+    embedding (EAGLE-1: and its head) and needs the target
     on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
     (the train stage saves the target's), must be the target's."""
     eagle3 = is_eagle3_dir(path)

@@ -11,7 +11,7 @@ import importlib.util, json, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
-from draftsmith.train import trainer as new
+from draftsmith.train import distill as new
 from draftsmith.train.data import collate
 from draftsmith.train.datagen import load_output
 spec = importlib.util.spec_from_file_location("old_trainer", sys.argv[3])
@@ -22,7 +22,8 @@ ds, _ = load_output(sys.argv[2])
 rows = [ds["train"][i] for i in range(64)]
 model = load_model(sys.argv[1], "draft", "float32", "cpu"); model.train()
 if "--freeze" in sys.argv: new.freeze_embeddings(model)
-cfg = new.TrainConfig(data_dir="d", draft="x", out_dir="o", loss="fkl", teacher="cached")
+from draftsmith.train.settings import TrainConfig
+cfg = TrainConfig(data_dir="d", draft="x", out_dir="o", loss="fkl", teacher="cached")
 width = logit_width(model)
 times = {"old": [], "new": []}; losses = {"old": [], "new": []}
 for rep in range(3):

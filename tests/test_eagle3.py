@@ -325,3 +325,44 @@ def test_sampling_follows_the_targets_distribution(k):
     finally:
         loop.verify_sampling = original
     assert chi_square_p(broken, exact) < 1e-6
+
+
+class ScriptedHead(torch.nn.Module):
+    """A stand-in whose step-j proposal at each slot is given by hand (its logits: one-hot rows over a 4-id draft
+    vocabulary = target ids 0..3), for heldout_metrics' chain arithmetic."""
+
+    def __init__(self, proposals):
+        super().__init__()
+        self.proposals = proposals  # [steps][T] target ids
+        self.vocab = torch.arange(4)
+        self.norm = torch.nn.Parameter(torch.ones(1))
+        self.lm_head = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, aux, emb, pos, steps):
+        return [F.one_hot(torch.tensor([p]), 4).float() for p in self.proposals[:steps]]
+
+    def logits(self, out):
+        return out * 10.0
+
+
+def test_heldout_chains_count_what_greedy_decoding_accepts():
+    """Slots 0..5 of one row (prompt of 1 token: every slot a round start). The target's argmax at slot s is top[s];
+    step j at slot s is right where it proposes top[s]. Round r accepts proposal j+1 when steps 0..j are right at
+    r..r+j, and (from step 1 on) the row's token at r+j is what greedy decoding would have put there."""
+    top = [1, 2, 3, 1, 2, 3]  # the target's argmax at each slot (for x_{s+2})
+    ids = [0, 0, 1, 2, 3, 1, 0]  # x_0 .. x_6; slot s reads x_{s+1}: greedy rows have x_{s+2} == top[s]
+    #  ... except x_6 = 0 != top[4] = 2: slot 5's token is not greedy
+    steps = [[1, 2, 3, 1, 2, 3],   # step 0 right everywhere
+             [0, 2, 0, 1, 0, 3],   # step 1 right at slots 1, 3, 5
+             [0, 0, 3, 1, 0, 0]]   # step 2 right at slots 2, 3
+    item = {"ids": torch.tensor(ids), "aux": torch.zeros(7, 3), "h": torch.zeros(7, 2), "prompt_len": 1,
+            "top": torch.tensor([0] + top)}
+    emb_w, full_w = torch.zeros(4, 2), torch.zeros(4, 2)
+    m = heldout_metrics(ScriptedHead(steps), [item], emb_w, full_w, steps=3, batch_size=1)
+    # rounds from slots 0..5 (6), 0..4 (5), 0..3 (4) for proposals 1, 2, 3
+    # proposal 2 (step 1 at r+1): r=0 (slot 1 right, x_2 greedy), r=2 (slot 3), r=4 (slot 5 right but x_6 not greedy)
+    # proposal 3 (step 2 at r+2): r=0 needs step 2 at slot 2: right -> chain 0,1,2 all right; r=2 needs slot 4: wrong
+    assert m["heldout/top1_agreement"] == pytest.approx(6 / 6)
+    assert m["heldout/agreement_at_2"] == pytest.approx((2 / 5) / 1.0)
+    assert m["heldout/agreement_at_3"] == pytest.approx((1 / 4) / (2 / 5))
+    assert m["heldout/acceptance_length"] == pytest.approx(1 + 2 / 5 + 1 / 4)

@@ -117,14 +117,40 @@ def test_preflight_says_what_it_cannot_train(setup, trained):
         check_eagle3_target(str(setup / "target"), None)  # (2, 2, 1): not three distinct layers
     gpt2 = setup / "gpt2"
     make_model("gpt2").save_pretrained(gpt2)
-    with pytest.raises(ConfigError, match="is 'gpt2'"):
+    with pytest.raises(ConfigError, match="model type 'gpt2'"):
         check_eagle3_target(str(gpt2), LAYERS)
+    windowed = setup / "mistral-window"
+    from transformers import MistralConfig
+
+    MistralConfig(num_hidden_layers=8, sliding_window=16, hidden_size=32, intermediate_size=64,
+                  num_attention_heads=4, num_key_value_heads=2).save_pretrained(windowed)
+    with pytest.raises(ConfigError, match="mistral sliding window"):  # refused before datagen, not after training
+        check_eagle3_target(str(windowed), None)
     with pytest.raises(ConfigError, match="is an EAGLE-3 head .* method.finetune=full cannot train"):
         check_draft_kind(str(trained[0] / "draft"), "full")
     with pytest.raises(ConfigError, match="method.draft_vocab sizes an EAGLE-3"):
         TrainConfig(data_dir="d", draft="x", out_dir="o", draft_vocab=10)
     with pytest.raises(ConfigError, match="method.eagle_layers must be 3 distinct"):
         TrainConfig(data_dir="d", draft="x", target="t", out_dir="o", finetune="eagle3", eagle_layers=[1, 1, 2])
+    with pytest.raises(ConfigError, match="method.eagle_w_reg=0.5: EAGLE-1's loss terms do not apply"):
+        TrainConfig(data_dir="d", draft="x", target="t", out_dir="o", finetune="eagle3", eagle_w_reg=0.5)
+
+
+def test_a_head_trained_further_keeps_its_own_layers_and_vocabulary(setup, trained, tmp_path):
+    """pair.draft an EAGLE-3 folder: the run starts from it (the monitor's retrain command); settings that would
+    change its shape are refused naming the key, not silently ignored."""
+    from draftsmith.train.loop import TrainingError
+
+    head_dir = str(trained[0] / "draft")
+    metrics = run_train(train_cfg(setup, tmp_path / "more", draft=head_dir, eagle_layers=None, steps=10,
+                                  eval_every=10, save_every=0))
+    assert metrics["draft_vocab"]["size"] == 40 and metrics["eagle_layers"] == LAYERS
+    start = metrics["history"]["eval"][0]["heldout/acceptance_length"]
+    assert start == pytest.approx(trained[1]["best"]["value"], abs=1e-6)  # it starts where the trained head ended
+    with pytest.raises(TrainingError, match=r"method.draft_vocab=30, but the head at pair.draft"):
+        run_train(train_cfg(setup, tmp_path / "v", draft=head_dir, eagle_layers=None, draft_vocab=30, steps=2))
+    with pytest.raises(TrainingError, match=r"method.eagle_layers=\[0, 2, 3\], but the head"):
+        run_train(train_cfg(setup, tmp_path / "l", draft=head_dir, eagle_layers=[0, 2, 3], steps=2))
 
 
 def test_the_eval_stage_runs_an_eagle3_head(setup, trained, tmp_path):

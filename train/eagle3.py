@@ -12,7 +12,7 @@
 - :func:`heldout_metrics`: the head's agreement with the target per unrolled position and the expected acceptance
   length it implies (sum over k of the probability that proposals 1..k are all accepted, greedy).
 
-The train stage runs them for ``method.finetune=eagle3`` (train/eagle_objective.py ``Eagle3Objective``).
+The train stage runs them for ``method.finetune=eagle3`` (train/eagle3_objective.py ``Eagle3Objective``).
 """
 
 from __future__ import annotations
@@ -121,18 +121,32 @@ def eagle3_loss(head: Eagle3Head, s: Shifted3, emb_w: torch.Tensor, full_w: torc
     `forward`: what runs the head's forward (a data-parallel wrapper of `head`; default `head` itself)."""
     if on not in ("all", "completion"):
         raise ValueError(f"eagle3_loss: on={on!r}, expected 'all' or 'completion'")
-    base = s.valid & s.completion if on == "completion" else s.valid
     emb = F.embedding(s.next_ids, emb_w)
     outs = (forward or head)(s.aux, emb, s.pos, steps)
-    head_w = full_w[head.vocab]
-    loss = outs[0].sum() * 0.0  # a batch without a scored slot: no gradient, no NaN
+    return ttt_loss(head, outs, s, full_w, decay, on)
+
+
+def ttt_loss(head: Eagle3Head, outs: list[torch.Tensor], s: Shifted3, full_w: torch.Tensor, decay: float,
+             on: str) -> tuple[torch.Tensor, dict]:
+    """:func:`eagle3_loss` of the unrolled steps' outputs `outs` (``Eagle3Head.ttt``'s). The teacher is computed
+    once, at every slot a step scores (each step's chain slots are a subset of step 0's), in float32: the head's
+    product over the draft vocabulary is most of a step, and the teacher is one such product per step otherwise."""
+    base = s.valid & s.completion if on == "completion" else s.valid
+    # a batch without a scored slot: zero, with every parameter in the graph (a data-parallel reducer waits for the
+    # gradients of the final norm and head too, which only the logits below use)
+    loss = outs[0].sum() * 0.0 + (head.norm.sum() + head.lm_head.sum()) * 0.0
     parts = {}
+    if not base.any():
+        return loss, {f"ce{j + 1}": 0.0 for j in range(len(outs))}
+    p_all = teacher_probs(s.h_next[base], full_w[head.vocab])  # [N0, Vd] at step 0's slots, row-major
+    index = torch.full(base.shape, -1, dtype=torch.long, device=base.device)
+    index[base] = torch.arange(int(base.sum()), device=base.device)
     for j, out in enumerate(outs):
         m = chain_mask(base, j)
         if not m.any():
             parts[f"ce{j + 1}"] = 0.0
             continue
-        p = teacher_probs(s.h_next[m], head_w)
+        p = p_all[index[m]]
         ce = -(p * torch.log_softmax(head.logits(out[m]).float(), dim=-1)).sum(-1).mean()
         loss = loss + decay ** j * ce
         parts[f"ce{j + 1}"] = float(ce.detach())
@@ -157,14 +171,21 @@ def heldout_metrics(head: Eagle3Head, items: list[dict], emb_w: torch.Tensor, fu
     rounds = [0] * steps  # rounds with a slot for proposal j+1
     for start in range(0, len(items), batch_size):
         s = shifted3(items[start:start + batch_size]).to(device)
-        loss, _ = eagle3_loss(head, s, emb_w, full_w, steps, decay, on)
-        loss_sum, batches = loss_sum + float(loss), batches + 1
         outs = head(s.aux, F.embedding(s.next_ids, emb_w), s.pos, steps)
+        loss, _ = ttt_loss(head, outs, s, full_w, decay, on)
+        loss_sum, batches = loss_sum + float(loss), batches + 1
         start_ok = s.valid & s.completion  # slots a round starts from
         ok_all = start_ok.clone()
+        # a chain reads the row's tokens; greedy decoding reads its own accepted proposals, the target's argmax:
+        # from step 1 on, a slot counts only where the row's token there is the target's argmax (rows the target
+        # wrote greedily: every slot; sampled or given responses: where they agree)
+        greedy_token = torch.zeros_like(s.valid)
+        greedy_token[:, 1:] = s.next_ids[:, 1:] == s.top_next[:, :-1]
         for j, out in enumerate(outs):
             logits = head.logits(out)
             ok = (head.vocab[logits.argmax(-1)] == s.top_next) & s.valid  # [B, T]: step j right at slot
+            if j:
+                ok &= greedy_token
             if j == 0:
                 q = torch.softmax(logits[start_ok].float(), -1)
                 p = torch.softmax(s.h_next[start_ok] @ full_w.T, -1)[:, head.vocab]

@@ -49,8 +49,15 @@ class Eagle3Objective(Objective):
 
     def __init__(self, cfg: TrainConfig, accelerator, ds, tokenizer):
         self.cfg, self.accelerator, self.tokenizer = cfg, accelerator, tokenizer
+        from draftsmith.decode.lean import lean_unsupported
+
         target = load_model(cfg.target, "target", "float32", accelerator.device)
         target.requires_grad_(False)
+        reason = lean_unsupported(target)
+        if reason is not None:  # the eval would refuse the head after all the training
+            raise TrainingError(f"method.finetune=eagle3: draftsmith's loop runs an EAGLE-3 head on the target's lean "
+                                f"forward, which does not cover {cfg.target!r} ({reason}); train a draft model "
+                                "instead (method=kd)")
         self.verifier = verifier_of(cfg.target, target)
         width = logit_width(target)
         self.vocab_info = None
@@ -59,14 +66,26 @@ class Eagle3Objective(Objective):
             vocab, self.vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width,
                                                    sorted(pretrained_eos_ids(cfg.target, tokenizer)),
                                                    key="method.draft_vocab")
-        try:
-            if is_eagle3_dir(cfg.draft):  # a head trained before, trained further (its own vocabulary and layers)
+        if is_eagle3_dir(cfg.draft):  # a head trained before, trained further (its own vocabulary and layers)
+            try:
                 head = load_eagle3(cfg.draft, target).train()
-                accelerator.print(f"train: the EAGLE-3 head starts from {cfg.draft}")
-            else:
+            except (ValueError, RuntimeError) as exc:
+                raise TrainingError(f"method.finetune=eagle3: pair.draft={cfg.draft}: {exc}") from exc
+            if cfg.eagle_layers is not None and sorted(cfg.eagle_layers) != head.layers:
+                raise TrainingError(f"method.eagle_layers={list(cfg.eagle_layers)}, but the head at pair.draft="
+                                    f"{cfg.draft} reads layers {head.layers}: unset method.eagle_layers to train it "
+                                    "further, or train a new head (no EAGLE-3 folder as pair.draft)")
+            if cfg.draft_vocab and cfg.draft_vocab != head.draft_vocab_size:
+                raise TrainingError(f"method.draft_vocab={cfg.draft_vocab}, but the head at pair.draft={cfg.draft} "
+                                    f"has {head.draft_vocab_size} ids: set method.draft_vocab=0 (keep its own) to "
+                                    "train it further, or train a new head")
+            self.vocab_info = {"size": head.draft_vocab_size, "source": str(cfg.draft)}
+            accelerator.print(f"train: the EAGLE-3 head starts from {cfg.draft}")
+        else:
+            try:
                 head = head_for_target(target, cfg.eagle_layers, vocab)
-        except (ValueError, RuntimeError) as exc:
-            raise TrainingError(f"method.finetune=eagle3: {exc}") from exc
+            except ValueError as exc:
+                raise TrainingError(f"method.eagle_layers={cfg.eagle_layers}: {exc}") from exc
         self.model = self.bare = head
         self.emb_w = target.get_input_embeddings().weight.detach()
         self.full_w = target.get_output_embeddings().weight.detach()
@@ -114,7 +133,8 @@ class Eagle3Objective(Objective):
                                cfg.ttt_decay, cfg.eagle_loss_on)
 
     def record(self, history: dict) -> dict:
-        return {"reduced_head": None, "draft_vocab": self.vocab_info, "kind": "eagle3",
+        return {"reduced_head": None, "draft_vocab": {**(self.vocab_info or {}),
+                                                      "size": self.bare.draft_vocab_size}, "kind": "eagle3",
                 "eagle_layers": list(self.bare.layers), "ttt_steps": self.cfg.ttt_steps,
                 "features": {"train_rows": len(self.ftrain), "heldout_rows": len(self.fheld),
                              "tokens": sum(len(it["ids"]) for it in self.ftrain + self.fheld)}}

@@ -279,7 +279,7 @@ def fit(cfg, accelerator, objective: Objective, inputs: dict) -> dict:
                                         "the data")
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm:
-                    accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # FSDP: its own sharded clip
                 optimizer.step()
                 if accelerator.sync_gradients:
                     scheduler.step()

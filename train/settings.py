@@ -107,8 +107,9 @@ class TrainSettings:
 
     name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
     # what training changes: full (every weight of the draft) | lora (adapters, merged into the draft) | eagle (an
-    # EAGLE-1 head over the target's own features, in place of a draft model) | eagle3 (an EAGLE-3 head over three
-    # of its layers, with its own draft vocabulary; a speculators-format folder): train/eagle_objective.py
+    # EAGLE-1 head over the target's own features, in place of a draft model: train/eagle_objective.py) | eagle3 (an
+    # EAGLE-3 head over three of its layers, with its own draft vocabulary; a speculators-format folder:
+    # train/eagle3_objective.py)
     finetune: str = "full"
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
@@ -150,7 +151,8 @@ class TrainSettings:
     # without a teacher distribution), not the last step's; false: the last step's
     keep_best: bool = True
     # what ranks held-out evaluations: expected_acceptance (sum min(p, q): sampling) | top1_agreement (the draft's
-    # argmax is the target's: greedy decoding) | auto (the pipeline: top1_agreement when every eval.temperature is 0)
+    # argmax is the target's: greedy decoding; an EAGLE-3 head's greedy figure over all its proposals, the
+    # acceptance length, ranks first) | auto (the pipeline: top1_agreement when every eval.temperature is 0)
     best_by: str = "auto"
     patience: int = 0  # stop after this many held-out evaluations without a better one (0 = train every step)
     # train the draft's head only on eval.draft_vocab's ids (the tokens it will propose from): the head's logits
@@ -207,6 +209,12 @@ class TrainSettings:
             check(0 < self.ttt_decay <= 1, f"method.ttt_decay must be in (0, 1], got {self.ttt_decay}")
             check(not self.reduced_head, "method.reduced_head does not apply to method.finetune=eagle3: its head has "
                   "its own draft vocabulary (method.draft_vocab)")
+            eagle1_only = [f"method.{key}={getattr(self, key)}" for key, default in
+                           (("eagle_w_reg", 1.0), ("eagle_second", 0.0), ("eagle_noise", 0.0))
+                           if getattr(self, key) != default]
+            check(not eagle1_only, f"{', '.join(eagle1_only)}: EAGLE-1's loss terms do not apply to "
+                  "method.finetune=eagle3 (its loss is the training-time test's: method.ttt_steps, method.ttt_decay); "
+                  "leave them at their defaults")
         check(self.draft_vocab >= 0, f"method.draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
         check(self.draft_vocab == 0 or self.finetune == "eagle3" or self.reduced_head,
               "method.draft_vocab sizes an EAGLE-3 head's vocabulary (method.finetune=eagle3); a draft model's "
