@@ -220,7 +220,7 @@ class EagleRunner:
             extra = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
             pad = self.k.new_zeros((1, head.nh, extra, head.hd))
             self.k, self.v = torch.cat([self.k, pad], 2), torch.cat([self.v, pad.clone()], 2)
-        x = F.linear(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1), head.fc).unsqueeze(0)  # [1, T, H]
+        x, residual = self._layer_inputs(tokens, feats)  # [1, T, H_in], [1, T, H]
         q, k, v = head._qkv(x, torch.arange(start, end, device=x.device).unsqueeze(0))
         self.k[:, :, start:end], self.v[:, :, start:end] = k, v
         mask = None
@@ -230,7 +230,13 @@ class EagleRunner:
         attn = F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask)
         self.length = end
         self.forwards += 1
-        return head._finish(x, attn)[0]
+        return head._finish(residual, attn)[0]
+
+    def _layer_inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the layer's input [1, T, H], its residual stream [1, T, H]) of `tokens` [T] and `feats` [T, H]: EAGLE-1's
+        fc over [embedding || feature], which is both."""
+        x = F.linear(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1), self.head.fc).unsqueeze(0)
+        return x, x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's head over `hidden` [T, H] -> logits [T, width] (-inf outside `vocab` when given)."""

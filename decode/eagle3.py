@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from draftsmith.decode.eagle import EagleRunner
+
 WEIGHTS = "model.safetensors"
 SPECULATORS_TYPE = "eagle3"
 _L = "layers.0."
@@ -327,13 +329,13 @@ def target_aux_features(target: torch.nn.Module, input_ids: torch.Tensor, attent
 
 
 # -- the head in a decode loop ----------------------------------------------------------------------
-class Eagle3Runner:
-    """An :class:`Eagle3Head` with its own KV cache for one decode (decode/loop.py ``eagle3_generate``).
+class Eagle3Runner(EagleRunner):
+    """An :class:`Eagle3Head` with its own KV cache for one decode (decode/loop.py ``eagle3_generate``): decode/eagle.py
+    ``EagleRunner``'s slots, cache and crop, with EAGLE-3's layer inputs and head.
 
     Slot t holds (x_{t+1}, f_t): ``forward(tokens [T], hidden [T, H])`` appends T slots (hidden: fused target
     features, or the head's own previous output) and returns their pre-norm outputs [T, H]; ``logits(out)`` gives
-    the draft vocabulary's logits placed at their target ids over the full `width` (-inf elsewhere);
-    ``crop(length)`` rolls the cache back."""
+    the draft vocabulary's logits placed at their target ids over the full `width` (-inf elsewhere)."""
 
     def __init__(self, head: Eagle3Head, embed: torch.Tensor, width: int, capacity: int):
         self.head, self.embed, self.width = head, embed, width
@@ -344,39 +346,14 @@ class Eagle3Runner:
         self.length = 0
         self.forwards = 0
 
-    def __len__(self) -> int:
-        return self.length
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.head
-        t, start = tokens.shape[0], self.length
-        end = start + t
-        if end > self.k.shape[2]:
-            extra = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
-            pad = self.k.new_zeros((1, head.nh, extra, head.hd))
-            self.k, self.v = torch.cat([self.k, pad], 2), torch.cat([self.v, pad.clone()], 2)
-        x, residual = head._inputs(F.embedding(tokens, self.embed)[None], hidden[None])  # [1, T, 2H], [1, T, H]
-        q, k, v = head._qkv(x, torch.arange(start, end, device=x.device)[None])
-        self.k[:, :, start:end], self.v[:, :, start:end] = k, v
-        mask = None
-        if t > 1:
-            keys = torch.arange(end, device=x.device)
-            mask = keys[None, :] <= keys[start:, None]  # query i sees keys 0 .. start + i
-        attn = F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask)
-        self.length = end
-        self.forwards += 1
-        return head._finish(residual, attn)[0]
+    def _layer_inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head._inputs(F.embedding(tokens, self.embed)[None], hidden[None])  # [1, T, 2H], [1, T, H]
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Pre-norm outputs [T, H] -> logits [T, width] at the draft vocabulary's target ids, -inf elsewhere."""
-        sub = self.head.logits(out)
-        full = sub.new_full((sub.shape[0], self.width), float("-inf"))
-        keep = self.ids < self.width
-        full[:, self.ids[keep]] = sub[:, keep]
-        return full
+        from draftsmith.decode.vocab import scatter_logits
+
+        return scatter_logits(self.head.logits(out), self.ids, self.width)
 
 
 # -- the speculators-format folder -------------------------------------------------------------------

@@ -224,20 +224,13 @@ def eagle_generate(
     the target's features it reads when) is ``_Eagle``'s docstring.
     ``stats.draft_backend`` is "eagle"; the in-loop costs are recorded as for a draft model.
     """
-    from draftsmith.decode.lean import LeanModel, lean_unsupported
+    def proposer(tgt, capacity: int):
+        tgt.keep_features = True  # the post-norm features at the positions each forward runs
+        return _Eagle(head, target, capacity, draft_vocab)
 
-    check_sampling_args(temperature, top_p, top_k)
-    _check_k(k)
-    reason = lean_unsupported(target)
-    if reason is not None:
-        raise head_unsupported_error(reason)
-    prompt = _prepare_prompt(input_ids, attention_mask)
-    capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
-    tgt = LeanModel(target, capacity=capacity)
-    tgt.keep_features = True
-    dft = _Eagle(head, target, capacity, draft_vocab)
-    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+    return _with_head(target, proposer, input_ids, attention_mask, k=k, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                      generator=generator)
 
 
 @torch.inference_mode()
@@ -263,9 +256,22 @@ def eagle3_generate(
     layers; the head proposes over its own draft vocabulary, mapped to the target's ids through ``d2t``.
     ``stats.draft_backend`` is "eagle3".
     """
+    def proposer(tgt, capacity: int):
+        tgt.keep_layers = tuple(head.layers)  # the streams entering the head's layers, at every position it runs
+        return _Eagle3(head, target, capacity)
+
+    return _with_head(target, proposer, input_ids, attention_mask, k=k, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                      generator=generator)
+
+
+def _with_head(target, proposer, input_ids, attention_mask, *, k: int, max_new_tokens: int, **sampling):
+    """:func:`_speculate` with the target on the lean forward and the head `proposer(tgt, capacity)` sets up (it
+    says which of the target's states the lean forward keeps for it): what :func:`eagle_generate` and
+    :func:`eagle3_generate` share."""
     from draftsmith.decode.lean import LeanModel, lean_unsupported
 
-    check_sampling_args(temperature, top_p, top_k)
+    check_sampling_args(sampling["temperature"], sampling["top_p"], sampling["top_k"])
     _check_k(k)
     reason = lean_unsupported(target)
     if reason is not None:
@@ -273,10 +279,8 @@ def eagle3_generate(
     prompt = _prepare_prompt(input_ids, attention_mask)
     capacity = prompt.shape[1] + max(max_new_tokens, 0) + k + 1
     tgt = LeanModel(target, capacity=capacity)
-    tgt.keep_layers = tuple(head.layers)  # the streams entering the head's layers, at every position it runs
-    dft = _Eagle3(head, target, capacity)
-    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+    dft = proposer(tgt, capacity)
+    return _speculate(tgt, dft, input_ids, prompt, k=k, max_new_tokens=max_new_tokens, **sampling)
 
 
 def head_unsupported_error(reason: str):

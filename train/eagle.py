@@ -28,8 +28,21 @@ def target_features(target: torch.nn.Module, rows: list[tuple[list[int], list[in
     ``prompt_len``. Rows are batched by length, right-padded (causal attention: the padding never reaches a
     real position)."""
     out: list[dict | None] = [None] * len(rows)
+    for idx, ids, mask in padded_batches(rows, batch, target.lm_head.weight.device):
+        hs = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        top = target.lm_head(hs).argmax(-1)
+        for j, i in enumerate(idx):
+            length = int(mask[j].sum())
+            out[i] = {"ids": ids[j, :length].cpu(), "h": hs[j, :length].cpu(), "top": top[j, :length].cpu(),
+                      "prompt_len": len(rows[i][0])}
+    return out  # type: ignore[return-value]
+
+
+def padded_batches(rows: list[tuple[list[int], list[int]]], batch: int, device):
+    """(row indices, ids [B, n], attention mask [B, n]) of (prompt_ids, completion_ids) rows, `batch` at a time,
+    batched by length (less padding) and right-padded (causal attention: the padding never reaches a real
+    position): the teacher-forced forwards over which the heads' features are read."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
-    device = target.lm_head.weight.device
     for s in range(0, len(order), batch):
         idx = order[s:s + batch]
         seqs = [list(rows[i][0]) + list(rows[i][1]) for i in idx]
@@ -39,13 +52,7 @@ def target_features(target: torch.nn.Module, rows: list[tuple[list[int], list[in
         for j, q in enumerate(seqs):
             ids[j, :len(q)] = torch.tensor(q, device=device)
             mask[j, :len(q)] = 1
-        hs = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        top = target.lm_head(hs).argmax(-1)
-        for j, i in enumerate(idx):
-            length = len(seqs[j])
-            out[i] = {"ids": ids[j, :length].cpu(), "h": hs[j, :length].cpu(), "top": top[j, :length].cpu(),
-                      "prompt_len": len(rows[i][0])}
-    return out  # type: ignore[return-value]
+        yield idx, ids, mask
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.decode.eagle3 import Eagle3Head, target_aux_features
+from draftsmith.train.eagle import padded_batches
 
 
 @torch.no_grad()
@@ -33,22 +34,12 @@ def target_aux_rows(target: torch.nn.Module, rows: list[tuple[list[int], list[in
     argmax) and ``prompt_len``. Rows are batched by length, right-padded (causal: padding never reaches a real
     position)."""
     out: list[dict | None] = [None] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
     head_w = target.get_output_embeddings().weight
-    device = head_w.device
-    for s in range(0, len(order), batch):
-        idx = order[s:s + batch]
-        seqs = [list(rows[i][0]) + list(rows[i][1]) for i in idx]
-        n = max(map(len, seqs))
-        ids = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
-        mask = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
-        for j, q in enumerate(seqs):
-            ids[j, :len(q)] = torch.tensor(q, device=device)
-            mask[j, :len(q)] = 1
+    for idx, ids, mask in padded_batches(rows, batch, head_w.device):
         aux, hs = target_aux_features(target, ids, mask, layers)
         top = F.linear(hs, head_w).argmax(-1)
         for j, i in enumerate(idx):
-            length = len(seqs[j])
+            length = int(mask[j].sum())
             out[i] = {"ids": ids[j, :length].cpu(), "aux": aux[j, :length].cpu(), "h": hs[j, :length].cpu(),
                       "top": top[j, :length].cpu(), "prompt_len": len(rows[i][0])}
     return out  # type: ignore[return-value]

@@ -28,7 +28,7 @@ from draftsmith.decode.pair import load_model
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.vocab import datagen_vocab
 from draftsmith.train.eagle3 import Shifted3, eagle3_loss, heldout_metrics, shifted3, target_aux_rows
-from draftsmith.train.features import FEATURES, features_key, load_features, split_rows
+from draftsmith.train.features import FEATURES, run_features
 from draftsmith.train.loop import Objective, TrainingError
 from draftsmith.train.settings import TrainConfig
 
@@ -90,20 +90,9 @@ class Eagle3Objective(Objective):
         self.emb_w = target.get_input_embeddings().weight.detach()
         self.full_w = target.get_output_embeddings().weight.detach()
 
-        heldout_split = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
-        key = features_key(cfg, len(ds["train"]), len(heldout_split), kind="eagle3", layers=list(head.layers))
-        out_dir = Path(cfg.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.ftrain, self.fheld = load_features(out_dir, key, lambda rows: target_aux_rows(target, rows, head.layers),
-                                                split_rows(ds["train"], cfg.max_len),
-                                                split_rows(heldout_split, cfg.max_len), log=accelerator.print,
-                                                write=accelerator.is_main_process)
-        accelerator.wait_for_everyone()
-        world = accelerator.num_processes
-        if len(self.ftrain) < cfg.batch_size * world:
-            raise TrainingError(f"{cfg.data_dir}: {len(self.ftrain)} usable training rows, fewer than "
-                                f"method.batch_size={cfg.batch_size} x {world} processes; lower method.batch_size or "
-                                "generate more data")
+        self.ftrain, self.fheld = run_features(cfg, accelerator, ds,
+                                               lambda rows: target_aux_rows(target, rows, head.layers),
+                                               kind="eagle3", layers=list(head.layers))
         self.n_rows = len(self.ftrain)
 
     def prepared(self, model) -> None:

@@ -42,7 +42,7 @@ from draftsmith.decode.pair import load_model
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.vocab import datagen_vocab
 from draftsmith.train.eagle import Shifted, eagle_loss, shifted, target_features
-from draftsmith.train.features import FEATURES, features_key, load_features, split_rows
+from draftsmith.train.features import FEATURES, run_features
 from draftsmith.train.loop import Objective, TrainingError
 from draftsmith.train.settings import TrainConfig
 
@@ -126,21 +126,8 @@ class EagleObjective(Objective):
             self.vocab = torch.arange(width, device=accelerator.device)
         self.head_w = self.full_w[self.vocab]
 
-        heldout_split = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
-        key = features_key(cfg, len(ds["train"]), len(heldout_split))
-        out_dir = Path(cfg.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.ftrain, self.fheld = load_features(out_dir, key, lambda rows: target_features(target, rows),
-                                                split_rows(ds["train"], cfg.max_len),
-                                                split_rows(heldout_split, cfg.max_len), log=accelerator.print,
-                                                write=accelerator.is_main_process)
-        accelerator.wait_for_everyone()
-        world = accelerator.num_processes
-        if len(self.ftrain) < cfg.batch_size * world:
-            raise TrainingError(f"{cfg.data_dir}: {len(self.ftrain)} usable training rows, fewer than "
-                                f"method.batch_size={cfg.batch_size} x {world} processes; lower method.batch_size or "
-                                "generate more data")
-        if world > 1 and cfg.eagle_second > 0:
+        self.ftrain, self.fheld = run_features(cfg, accelerator, ds, lambda rows: target_features(target, rows))
+        if accelerator.num_processes > 1 and cfg.eagle_second > 0:
             raise TrainingError("method.eagle_second > 0 runs the head's second proposal, which a multi-process run "
                                 "does not wrap: train it in one process, or set method.eagle_second=0")
         self.n_rows = len(self.ftrain)

@@ -70,3 +70,24 @@ def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], tra
         torch.save({"key": key, "train": train, "heldout": heldout}, tmp)
         os.replace(tmp, path)
     return train, heldout
+
+
+def run_features(cfg, accelerator, ds, compute: Callable[[list], list], **kind) -> tuple[list, list]:
+    """A train run's features (:func:`load_features` in ``cfg.out_dir``, keyed by :func:`features_key` and `kind`)
+    of the datagen splits `ds`: every training row and the first ``method.eval_rows`` held-out ones, cut to
+    ``method.max_len``; the main process writes them, every process waits for it. A TrainingError when fewer
+    usable training rows than one batch per process remain."""
+    from draftsmith.train.loop import TrainingError
+
+    heldout = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train, held = load_features(out_dir, features_key(cfg, len(ds["train"]), len(heldout), **kind), compute,
+                                split_rows(ds["train"], cfg.max_len), split_rows(heldout, cfg.max_len),
+                                log=accelerator.print, write=accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    world = accelerator.num_processes
+    if len(train) < cfg.batch_size * world:
+        raise TrainingError(f"{cfg.data_dir}: {len(train)} usable training rows, fewer than method.batch_size="
+                            f"{cfg.batch_size} x {world} processes; lower method.batch_size or generate more data")
+    return train, held
