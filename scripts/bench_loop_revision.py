@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--old", required=True, help="a copy of decode/loop.py from the revision to compare with")
     ap.add_argument("--target", required=True)
     ap.add_argument("--eagle", help="an EAGLE head's checkpoint: times eagle_generate")
+    ap.add_argument("--eagle3", help="an EAGLE-3 folder: times eagle3_generate (its own vocabulary; the runner is the "
+                    "installed decode/eagle3.py's on both sides: only the loop is compared)")
     ap.add_argument("--draft", help="a draft model: times speculative_generate")
     ap.add_argument("--data", required=True, help="a datagen output: its held-out prompts, its draft vocabulary")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2])
@@ -65,8 +67,8 @@ def decode_of(stats) -> tuple:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if not (args.eagle or args.draft):
-        raise SystemExit("bench_loop_revision.py: give --eagle DIR and/or --draft DIR")
+    if not (args.eagle or args.draft or args.eagle3):
+        raise SystemExit("bench_loop_revision.py: give --eagle DIR, --eagle3 DIR and/or --draft DIR")
     old_loop = load_old(args.old)
     target = load_model(args.target, "target", "float32")
     tok = load_tokenizer(args.target, "target")
@@ -78,6 +80,12 @@ def main(argv=None) -> dict:
         head = load_eagle(args.eagle, target)
         sides["eagle"] = (lambda mod, p, k: mod.eagle_generate(target, head, p, k=k, max_new_tokens=args.max_new_tokens,
                                                                draft_vocab=vocab))
+    if args.eagle3:
+        from draftsmith.decode.eagle3 import load_eagle3
+
+        head3 = load_eagle3(args.eagle3, target)
+        sides["eagle3"] = (lambda mod, p, k: mod.eagle3_generate(target, head3, p, k=k,
+                                                                 max_new_tokens=args.max_new_tokens))
     if args.draft:
         draft = load_model(args.draft, "draft", "float32")
         sides["draft"] = (lambda mod, p, k: mod.speculative_generate(target, draft, p, k=k,
@@ -106,7 +114,7 @@ def main(argv=None) -> dict:
                 cell["same_decode"] &= decode_of(outs[True].stats) == decode_of(outs[False].stats)
             cell["old_s"].append(old_s)
             cell["new_s"].append(new_s)
-    report = {"old": args.old, "target": args.target, "eagle": args.eagle, "draft": args.draft,
+    report = {"old": args.old, "target": args.target, "eagle": args.eagle, "eagle3": args.eagle3, "draft": args.draft,
               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "draft_vocab": args.draft_vocab,
               "repeats": args.repeats, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "cells": [{"loop": name, "k": k, "new_over_old": statistics.median(n / o for n, o in
