@@ -17,6 +17,8 @@ _EXPORTS = {
     "EagleHead": "draftsmith.decode.eagle",
     "load_eagle": "draftsmith.decode.eagle",
     "eagle3_generate": "draftsmith.decode.loop",
+    "ngram_generate": "draftsmith.decode.loop",
+    "NGram": "draftsmith.decode.ngram",
     "Eagle3Head": "draftsmith.decode.eagle3",
     "load_eagle3": "draftsmith.decode.eagle3",
     "save_eagle3": "draftsmith.decode.eagle3",

@@ -18,8 +18,10 @@ Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt
 
 One loop (``_speculate``) runs every round; what proposes the drafts is a proposer: ``_DraftModel`` (a draft
 model's cached runner, :func:`speculative_generate`), ``_Eagle`` (an EAGLE-1 head fed the target's features,
-:func:`eagle_generate`) or ``_Eagle3`` (an EAGLE-3 head fed three of its layers, :func:`eagle3_generate`). A proposer is told when the target's prefill ran (``prefilled``), gives the logits of
-each proposal of a round (``step``), and is told what verification kept (``verified``).
+:func:`eagle_generate`) ``_Eagle3`` (an EAGLE-3 head fed three of its layers, :func:`eagle3_generate`) or ``_NGram`` (prompt lookup, no
+model at all: :func:`ngram_generate`). A proposer is told when the target's prefill ran (``prefilled``), says how
+many tokens it proposes in a round (``plan``: at most K; the n-gram proposer may have fewer, or none), gives the
+logits of each proposal (``step``), and is told what verification kept (``verified``).
 """
 
 from __future__ import annotations
@@ -265,6 +267,39 @@ def eagle3_generate(
                       generator=generator)
 
 
+@torch.inference_mode()
+def ngram_generate(
+    target: torch.nn.Module,
+    ngram,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    k: int = 3,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    backend: str = "auto",
+) -> GenerateOutput:
+    """Speculative decoding of `target` with n-gram prompt lookup (decode/ngram.py ``NGram``) proposing up to `k`
+    tokens a round: speculation with no draft to train, vLLM's ``method: ngram``.
+
+    The arguments, output and guarantees of :func:`speculative_generate` (greedy output equals the target's own;
+    sampling is distributed as the target's), with the lookup window `ngram` in place of a draft model. A round
+    whose text has no earlier match proposes nothing and costs one plain target step. ``stats.draft_backend`` is
+    "ngram"; ``stats.draft_forwards`` is 0.
+    """
+    check_sampling_args(temperature, top_p, top_k)
+    _check_k(k)
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    tgt = make_runner(target, backend, prompt.shape[1] + max(max_new_tokens, 0) + k + 1)
+    return _speculate(tgt, _NGram(ngram, logit_width(target)), input_ids, prompt, k=k, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                      generator=generator)
+
+
 def _with_head(target, proposer, input_ids, attention_mask, *, k: int, max_new_tokens: int, **sampling):
     """:func:`_speculate` with the target on the lean forward and the head `proposer(tgt, capacity)` sets up (it
     says which of the target's states the lean forward keeps for it): what :func:`eagle_generate` and
@@ -316,6 +351,10 @@ class _DraftModel:
     def prefilled(self, tgt) -> None:
         """The target's prefill ran (the draft's own prefill is folded into its first step)."""
 
+    def plan(self, buf: torch.Tensor, n: int, k_r: int) -> int:
+        """How many tokens this round proposes, with n tokens known and room for `k_r`: all of them."""
+        return k_r
+
     def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
         """Logits [V] of proposal i+1 of a round that starts with n tokens known (buf[0, n : n+i] drafted so far):
         the tokens not yet in the cache in, one draft out."""
@@ -357,6 +396,9 @@ class _Eagle:
     def prefilled(self, tgt) -> None:
         self.pending = self._features(tgt)  # [P, H]: h_0 .. h_{P-1}
 
+    def plan(self, buf: torch.Tensor, n: int, k_r: int) -> int:
+        return k_r
+
     def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
         if i == 0:  # the real slots; the last proposes x_n
             self.hidden = self.runner.forward(buf[0, len(self.runner) + 1 : n], self.pending)[-1:]
@@ -391,11 +433,42 @@ class _Eagle3(_Eagle):
         return self.head.fuse(tgt.aux)  # [T, 3H] -> [T, H]
 
 
+class _NGram:
+    """Prompt lookup (decode/ngram.py): the draft side of :func:`ngram_generate`. A round proposes what followed the
+    earliest earlier occurrence of the longest n-gram ending the text, up to K tokens, or nothing (the round is then
+    a plain decode step: one target forward over one token). Each proposal's logits are 0 at the proposed id and
+    -inf elsewhere: a one-hot q, with which rejection sampling keeps the target's distribution."""
+
+    backend = "ngram"
+    forwards = 0  # no model runs
+
+    def __init__(self, ngram, width: int):
+        self.ngram, self.width = ngram, width
+        self.proposal: torch.Tensor | None = None
+
+    def prefilled(self, tgt) -> None:
+        """Nothing to prepare: the lookup reads the text itself."""
+
+    def plan(self, buf: torch.Tensor, n: int, k_r: int) -> int:
+        found = self.ngram.propose(buf[0, :n], k_r)
+        ok = (found < self.width).to(torch.int8).cumprod(0)  # an id the target cannot score ends the proposal
+        self.proposal = found[: int(ok.sum())]
+        return int(self.proposal.shape[0])
+
+    def step(self, buf: torch.Tensor, n: int, i: int) -> torch.Tensor:
+        logits = torch.full((self.width,), float("-inf"), device=buf.device)
+        logits[self.proposal[i]] = 0.0
+        return logits
+
+    def verified(self, tgt, n: int, n_acc: int) -> None:
+        """Nothing to roll back: the next lookup reads the text as verification left it."""
+
+
 def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: int, max_new_tokens: int,
                temperature: float, top_p: float, top_k: int, eos_token_id, generator) -> GenerateOutput:
     """The speculative loop of :func:`speculative_generate` (steps numbered there) with the target's cached runner
-    `tgt` and a proposer `dft` (:class:`_DraftModel` or :class:`_Eagle`: ``prefilled``, ``step``, ``verified``,
-    ``width``, ``backend``, ``forwards``)."""
+    `tgt` and a proposer `dft` (:class:`_DraftModel`, :class:`_Eagle`, :class:`_Eagle3`, :class:`_NGram`:
+    ``prefilled``, ``plan``, ``step``, ``verified``, ``width``, ``backend``, ``forwards``)."""
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)
     greedy = temperature == 0
@@ -419,7 +492,7 @@ def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: in
         finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
 
     while not finished:  # round start: the target cache holds n-1 positions
-        k_r = min(k, n_prompt + max_new_tokens - n - 1)  # step 1
+        k_r = dft.plan(buf, n, min(k, n_prompt + max_new_tokens - n - 1))  # step 1
         q_rows = []
         round_start = time.perf_counter() if timed else 0.0
         for i in range(k_r):  # step 2: one draft out per step

@@ -16,7 +16,8 @@ themselves paid are eval/metrics.py's ``in_loop_costs``.
 An EAGLE head (decode/eagle.py) is timed as its decode runs it: one slot per draft step through its own cache,
 scored by the target's head (on the draft vocabulary when given), with the target on the lean forward keeping
 its features (what :func:`~draftsmith.decode.loop.eagle_generate` asks of it); an EAGLE-3 head (decode/eagle3.py)
-likewise, over its own draft vocabulary, the target keeping its three layers' streams.
+likewise, over its own draft vocabulary, the target keeping its three layers' streams. N-gram prompt lookup
+(decode/ngram.py) has no forward: its c is the lookup's time over a text of the context's length.
 """
 
 from __future__ import annotations
@@ -70,12 +71,35 @@ class _Eagle3Steps(_EagleSteps):
         return self.runner.logits(self.runner.forward(tokens, head.fuse(aux))[-keep:])  # fc timed, as a round runs it
 
 
+class _LookupSteps:
+    """N-gram prompt lookup (decode/ngram.py) called as a :class:`Runner`: a forward appends `tokens` to the text
+    and looks up a proposal in it, as a round of :func:`~draftsmith.decode.loop.ngram_generate` does once; its
+    "logits" are a dummy. What it costs is the lookup over a text of the context's length."""
+
+    def __init__(self, ngram):
+        self.ngram, self.text = ngram, None
+
+    def __len__(self) -> int:
+        return 0 if self.text is None else self.text.shape[0]
+
+    def crop(self, length: int) -> None:
+        self.text = self.text[:length]
+
+    def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        self.text = input_ids[0] if self.text is None else torch.cat([self.text, input_ids[0]])
+        self.ngram.propose(self.text, 4)
+        return self.text.new_zeros((keep, 1), dtype=torch.float32)
+
+
 def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:
     """The target's and the draft's runners as the decode runs them (an EAGLE head: eagle_generate's; an EAGLE-3
-    head: eagle3_generate's, the target keeping its three layers' streams)."""
+    head: eagle3_generate's, the target keeping its three layers' streams; n-gram lookup: ngram_generate's)."""
     from draftsmith.decode.eagle import EagleHead
     from draftsmith.decode.eagle3 import Eagle3Head
+    from draftsmith.decode.ngram import NGram
 
+    if isinstance(draft, NGram):
+        return make_runner(target, backend, capacity), _LookupSteps(draft)
     if isinstance(draft, Eagle3Head):
         from draftsmith.decode.lean import LeanModel
 

@@ -31,6 +31,7 @@ from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
 from draftsmith.summary import summarize
 from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
+from draftsmith.eval.policy import Contract
 from draftsmith.train.prompts import PromptError, PromptFormat, PromptSource
 from draftsmith.train.settings import DatagenSettings, TrainSettings
 
@@ -341,11 +342,10 @@ class Pipeline:
         if "serve" in cfg.stages and cfg.serve.engine == "vllm":
             served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
-        # the verdicts the eval adds passes to settle: the promote gate and the champion margin
-        decide = {"decide_at": [cfg.promote.min_speedup],
-                  "decide_margin": cfg.promote.champion_margin if "production" in drafts else None}
+        # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1
+        decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(cfg.eval.baselines)).at_batch1()
         section = {"target": target, "drafts": drafts, "eval": figures_of(cfg.eval), "decode": figures_of(cfg.decode),
-                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"], "decide": decide}
+                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"], "decide": asdict(decide)}
         prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
             inputs["train"] = self._upstream("train", self.out / "train")
@@ -353,7 +353,8 @@ class Pipeline:
         def body(run):
             runner.run(runner.EvalConfig(
                 **settings_of(cfg.eval, EvalSettings), **settings_of(cfg.decode, DecodeSettings), **prompts,
-                target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device, **decide))
+                target=target, drafts=drafts, out_dir=str(out), dtype=cfg.pair.dtype, device=cfg.pair.device,
+                decide=decide))
             log_eval(run, read_metrics(out))  # what was written, through the one reader
 
         self._stage("eval", out, section, body, inputs=inputs)
@@ -377,12 +378,10 @@ class Pipeline:
             inputs["train"] = self._upstream("train", self.out / "train")
         k = list(serving.k or cfg.eval.k)
         # the verdicts the A/B adds passes to settle at the serving concurrency (as the eval does at batch 1)
-        decide = {"at": [cfg.promote.min_speedup], "concurrency": cfg.promote.serving_concurrency,
-                  "margin": cfg.promote.champion_margin if "production" in drafts else None,
-                  "schedule": cfg.promote.k_schedule}  # false: no scheduled column (no schedule is exported)
+        decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(serving.baselines))
         section = {"target": target, "drafts": drafts, "serve": figures_of(serving), "k": k,
                    "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"],
-                   "decide": decide}
+                   "decide": asdict(decide)}
 
         def body(run):
             ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts

@@ -106,7 +106,9 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if compared is not None and compared["source"].startswith("measured in this"):  # side by side: paired
             difference = (_serving_difference(serving, name, candidate, champion, info["concurrency"]) if info
                           else _eval_difference(metrics, name, candidate, champion))
-        record = _decide(candidate, gates, champion, label, difference)
+        free = (_serving_free(serving, name, candidate, info["concurrency"]) if info
+                else _eval_free(metrics, name, candidate))
+        record = _decide(candidate, gates, champion, label, difference, free)
         record.update(base, compared_with=compared)
         if production is not None:
             record["champion_version"] = production["version"]
@@ -136,9 +138,9 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
 
 
 def _decide(candidate: dict, gates, champion: dict | None = None, label: str | None = None,
-            difference: list[float] | None = None) -> dict:
+            difference: list[float] | None = None, free: dict | None = None) -> dict:
     """decide(), with a note when the serving concurrency decided at is not promote.serving_concurrency."""
-    record = decide(candidate, gates, champion, champion_label=label, difference_ci95=difference)
+    record = decide(candidate, gates, champion, champion_label=label, difference_ci95=difference, free=free)
     serving = candidate.get("serving") or {}
     for note in (serving.get("concurrency_note"), (serving.get("schedule_measured") or {}).get("shortfall")):
         if note:
@@ -171,6 +173,54 @@ def _eval_difference(metrics: EvalMetrics, name: str, candidate: dict, champion:
 
     a, b = units(name, candidate), units("production", champion)
     return difference_ci(a, b) if a and b else None
+
+
+def _free_names(drafts: dict) -> list[str]:
+    """The training-free methods among a table's drafts (their value a spec string, decode/ngram.py)."""
+    from draftsmith.decode.ngram import is_ngram_spec
+
+    return [n for n, spec in drafts.items() if is_ngram_spec(spec)]
+
+
+def _best_free(rivals: list[dict]) -> dict | None:
+    """The fastest of the training-free methods' figures (one that pays before one that does not)."""
+    return max(rivals, key=lambda f: (bool(f["best_k"]), f["speedup"] or 0.0), default=None)
+
+
+def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
+    """The best training-free method of the batch-1 eval (eval.baselines) beside the candidate, for the gate
+    (eval/gates.py decide's `free`), with the paired interval of candidate - it at their chosen K."""
+    from draftsmith.eval.settings import training_free
+
+    rivals = []
+    for free in training_free(metrics.config.get("baselines") or [], "eval.baselines"):
+        summary = metrics.summary.get(free)
+        if summary is None:
+            continue
+        k = summary["best_k"] if summary["speedup"] and summary["speedup"] > 1.0 else 0
+        a = _timed_units(metrics.record(name, candidate["best_k"], candidate.get("temperature")))
+        b = _timed_units(metrics.record(free, summary["best_k"], summary.get("temperature")))
+        rivals.append({"name": free, "best_k": k, "speedup": summary["speedup"],
+                       "speedup_ci95": summary.get("speedup_ci95"),
+                       "difference_ci95": difference_ci(a, b) if a and b and k else None})
+    return _best_free(rivals)
+
+
+def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int) -> dict | None:
+    """The best training-free method served beside the candidate (serve.baselines) at the decision concurrency,
+    with the paired interval of candidate - it (eval/serving_stats.py cell_difference_ci: the lives' spread held)."""
+    rivals = []
+    for free in _free_names(serving.doc.get("drafts") or {}):
+        at = _at_level(serving.cells_of(free), level)
+        if at is None:
+            continue
+        mine = serving.cell(name, level, candidate["best_k"]) if candidate["best_k"] else None
+        theirs = serving.cell(free, level, at["best_k"]) if at["best_k"] else None
+        paired = mine and theirs and mine.get("timings") and theirs.get("timings")
+        rivals.append({"name": free, "best_k": at["best_k"], "speedup": at["choice"]["best_speedup"],
+                       "speedup_ci95": at["choice"]["best_speedup_ci95"],
+                       "difference_ci95": cell_difference_ci(mine, theirs) if paired else None})
+    return _best_free(rivals)
 
 
 def _candidate(metrics: EvalMetrics) -> tuple[str, Path]:

@@ -102,6 +102,9 @@ def format_summary(summary: dict) -> str:
                      "the alpha of the speedup formula)")
         lines.append("  tau: tokens per verification forward of the target; speedup: measured vs plain decoding at "
                      "best K, with its 95% interval (paired bootstrap over prompts and passes)")
+        if any(name.startswith("ngram") for name in summary["drafts"]):
+            lines.append("  ngram: prompt lookup, speculation with nothing to train (eval.baselines): a trained draft "
+                         "must beat it to be worth serving")
         forwards = sorted({f"target {b['target']} / draft {b['draft']}"
                            for b in (s.get("backend") for s in summary["drafts"].values()) if b})
         if forwards:

@@ -17,6 +17,8 @@ class Gates:
     min_speedup: float = 1.1  # the lower bound of the measured speedup's 95% interval must reach it, at the best K
     require_greedy_match: bool = True  # greedy_match must be 1.0
     champion_margin: float = 0.02  # the interval of (candidate - production) speedup must clear it (same eval set)
+    free_margin: float = 0.0  # the interval of (candidate - best training-free method) speedup must clear it: a
+    # trained draft is worth serving only where it beats speculation that needs no training (eval/serve baselines)
 
     def __post_init__(self):
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
@@ -34,7 +36,7 @@ def _from_verdict(v: str) -> str:
 
 
 def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion_label: str | None = None,
-           difference_ci95: list[float] | None = None) -> dict:
+           difference_ci95: list[float] | None = None, free: dict | None = None) -> dict:
     """The promotion decision for one candidate summary (eval metrics.json "summary" entry), taken on intervals.
 
     Args:
@@ -50,6 +52,11 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
         difference_ci95: the 95% interval of candidate speedup - champion speedup when both were measured side
             by side in this run (eval/intervals.py difference_ci); None: the champion's figure is a recorded one,
             and the candidate's own interval is compared with champion speedup + margin.
+        free: the best training-free method measured beside the candidate on the same basis (n-gram prompt lookup:
+            eval.baselines / serve.baselines), {"name", "best_k" (0: it does not pay there), "speedup",
+            "speedup_ci95", "difference_ci95" (candidate - it, paired; None when it does not pay or has no
+            timings)}, or None (none measured): the "training_free" gate asks whether the draft beats it by more
+            than ``free_margin`` on the interval of their difference, so that "no draft needed" is an answer.
 
     Each gate passes, fails or is unsure. The speedup gate passes when the interval's lower bound reaches
     ``min_speedup``, fails when its upper bound is below it, and is unsure when it straddles it (or there is no
@@ -143,6 +150,8 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
         else:
             check_("champion", UNSURE, f"inconclusive: speedup {mine} vs {theirs}: the 95% interval straddles the "
                                        f"margin {gates.champion_margin}{paired}{more}")
+    if free is not None and not off and measured:
+        check_("training_free", *free_check(candidate, free, gates.free_margin, more))
     failed = [c["reason"] for c in checks if c["result"] == FAIL]
     unsure = [c["reason"] for c in checks if c["result"] == UNSURE]
     decision = REFUSED if failed else (INCONCLUSIVE if unsure else PROMOTED)
@@ -151,7 +160,34 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
     passed = ["all gates passed" + at + beats]
     return {"promote": decision == PROMOTED, "decision": decision, "rule": rule,
             "reasons": failed + unsure if decision != PROMOTED else passed, "checks": checks, "gates": asdict(gates),
-            "candidate": candidate, "champion": champion, "difference_ci95": difference_ci95}
+            "candidate": candidate, "champion": champion, "difference_ci95": difference_ci95, "training_free": free}
+
+
+def free_check(candidate: dict, free: dict, margin: float, more: str = "") -> tuple[str, str]:
+    """(result, reason) of the training-free gate: the candidate's speedup minus the best training-free method's,
+    on the interval of their paired difference (``free["difference_ci95"]``), against `margin`. A method that does
+    not pay where the decision is taken (``best_k`` 0) is no rival: the speedup gate already asks for more than
+    speculation off."""
+    name, k = free["name"], free.get("best_k")
+    theirs = format_ci(free["speedup"], free.get("speedup_ci95"))
+    if not k:
+        return PASS, f"{name} does not pay here ({theirs} at its best K): nothing free to beat"
+    mine = format_ci(candidate["speedup"], candidate.get("speedup_ci95"))
+    diff = free.get("difference_ci95")
+    if diff is None:  # no paired timings: the candidate's own interval against its figure
+        result = _from_verdict(verdict(candidate.get("speedup_ci95"), free["speedup"] + margin))
+        shown = ""
+    else:
+        result = _from_verdict(verdict(diff, margin))
+        shown = (f" (difference {candidate['speedup'] - free['speedup']:+.3f} [{diff[0]:+.3f}, {diff[1]:+.3f}], "
+                 "measured side by side)")
+    if result == PASS:
+        return PASS, f"speedup {mine} beats {name} (K={k}, {theirs}), which needs no training{shown}"
+    if result == FAIL:
+        return FAIL, (f"serve {name} with K={k}: {theirs}; the trained draft ({mine}) adds nothing measurable over "
+                      f"speculation that needs no training{shown}")
+    return UNSURE, (f"inconclusive: speedup {mine} vs {name}'s {theirs} (K={k}, no training): the interval of the "
+                    f"difference straddles {margin}{shown}{more}")
 
 
 def off_reason(serving: dict) -> str:

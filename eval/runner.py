@@ -5,9 +5,9 @@ run and every cell's speculative run (of that temperature) back to back, the ord
 and pass, same max_new_tokens; each speculative run is paired with the prompt's plain run of its
 pass, so one plain run serves every draft and K; cost ratios measured once per cell. The speedup's 95%
 interval is a paired bootstrap over prompts and passes (eval/intervals.py). When a verdict is
-undecided — the interval of a K that could be chosen straddles a bar of ``decide_at`` (the promote
-gate), or the candidate-vs-production difference straddles ``decide_margin`` — passes are added to
-those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_repeats`). Greedy
+undecided — eval/policy.py: the interval of a K that could be chosen straddles a promote gate's bar, or the
+candidate's difference with production or with the best training-free method straddles its margin — passes are
+added to those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_repeats`). Greedy
 cells also check speculative == plain output on every run (greedy_match) and time HF assisted
 generation as a second engine (speed only, outputs compared).
 
@@ -15,7 +15,9 @@ A draft directory holding an EAGLE head (decode/eagle.py ``is_eagle_dir``: what 
 runs in :func:`~draftsmith.decode.loop.eagle_generate`, an EAGLE-3 folder (decode/eagle3.py ``is_eagle3_dir``:
 ``method.finetune=eagle3``) in :func:`~draftsmith.decode.loop.eagle3_generate` over its own draft vocabulary, in
 the same cells and passes as draft models, their costs timed as those loops run them; HF assisted generation has
-no EAGLE mode, so their cells have no HF A/B.
+no EAGLE mode, so their cells have no HF A/B. A training-free proposer (``eval.baselines``: n-gram prompt lookup,
+decode/ngram.py, the spec string ``ngram:MIN-MAX`` in place of a folder) runs in
+:func:`~draftsmith.decode.loop.ngram_generate` in the same passes: the figure a trained draft must beat.
 
 Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
 ``cfg.out_dir`` atomically.
@@ -30,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode import autoregressive_generate, eagle3_generate, eagle_generate, speculative_generate
+from draftsmith.decode import autoregressive_generate, eagle3_generate, eagle_generate, ngram_generate, speculative_generate
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.eagle3 import Eagle3Head, is_eagle3_dir, load_eagle3
+from draftsmith.decode.ngram import NGram, is_ngram_spec, parse_ngram
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
@@ -43,11 +46,13 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
-from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
-from draftsmith.eval.intervals import STRADDLES, UNKNOWN, Units, choose_k, difference_ci, units_from_passes, verdict
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name, training_free
+from draftsmith.eval.intervals import Units, choose_k, difference_ci, units_from_passes
+from draftsmith.eval.policy import Contract, Roles, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 
 HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
+NOT_MODELS = (*HEAD_KINDS, NGram)  # proposers that are not a draft model: no HF assisted generation, no logit width
 
 SCHEMA_VERSION = 1
 
@@ -68,8 +73,8 @@ class EvalConfig(EvalSettings, DecodeSettings):
     prompts_file: Optional[str] = None  # or: a JSONL file of {"prompt_ids": [...]} records
     dtype: str = "float32"
     device: str = "cpu"
-    decide_at: list[float] = field(default_factory=list)  # speedup bars to settle (pipeline: 1 and promote.min_speedup)
-    decide_margin: Optional[float] = None  # and the candidate-minus-production bar (promote.champion_margin)
+    decide: Optional[Contract] = None  # the verdicts to settle with added passes (eval/policy.py; the pipeline's
+    # from promote.*); None: none, eval.repeats passes only
 
     def __post_init__(self):
         EvalSettings.__post_init__(self)
@@ -153,6 +158,11 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     embedding (EAGLE-1: and its head) and needs the target
     on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
     (the train stage saves the target's), must be the target's."""
+    if is_ngram_spec(path):  # training-free: nothing to load (eval.baselines)
+        try:
+            return parse_ngram(path, key=f"eval draft {name!r}")
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
     eagle3 = is_eagle3_dir(path)
     if not is_eagle_dir(path) and not eagle3:
         check_tokenizers(tokenizer, load_tokenizer(path, f"draft {name!r}"), cfg.target, path)
@@ -238,6 +248,8 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
 
     def spec(cell: Cell, prompt, **kw):
         draft = drafts[cell.draft]
+        if isinstance(draft, NGram):  # prompt lookup: no model proposes
+            return ngram_generate(target, draft, prompt, k=cell.k, **{**common, **kw})
         if isinstance(draft, HEAD_KINDS):  # the target's own lean forward hands the head its features
             eagle_kw = {key: value for key, value in {**common, **kw}.items() if key != "backend"}
             if isinstance(draft, Eagle3Head):  # its own draft vocabulary (d2t), not eval.draft_vocab
@@ -266,7 +278,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
             spec_s[id(cell)].append(out.stats.total_s)
             if temperature == 0:
                 cell.equal.append(torch.equal(plain.sequences, out.sequences))
-                if cfg.hf_ab and r == 0 and not isinstance(drafts[cell.draft], HEAD_KINDS):
+                if cfg.hf_ab and r == 0 and not isinstance(drafts[cell.draft], NOT_MODELS):
                     seq, sec = hf_assisted_generate(target, drafts[cell.draft], prompt, cell.k, cfg.max_new_tokens,
                                                     eos, pad_id)
                     hf_s[id(cell)] += sec
@@ -277,7 +289,7 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
         if cell.costs is None:
             cell.costs = cost_ratios(target, drafts[cell.draft], mid_decode_context(prompts[0], cfg.max_new_tokens),
                                      [cell.k], repeats=cfg.cost_repeats, backend=cfg.backend, draft_vocab=draft_vocab)
-        if r == 0 and temperature == 0 and cfg.hf_ab and not isinstance(drafts[cell.draft], HEAD_KINDS):
+        if r == 0 and temperature == 0 and cfg.hf_ab and not isinstance(drafts[cell.draft], NOT_MODELS):
             tokens = sum(s.new_tokens for s in cell.base)
             cell.hf = {"tokens_per_s": tokens / hf_s[id(cell)] if hf_s[id(cell)] else 0.0,
                        "outputs_equal": hf_equal[id(cell)], "plain_tokens": tokens, "plain_s": sum(plain_s)}
@@ -306,32 +318,45 @@ def cell_entry(cell: Cell, record: CellRecord) -> dict:
     return out
 
 
-def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
-    """The cells whose verdict more repeats could still settle (empty without eval.decide_at).
+class _Pass:
+    """The eval's cells at the lowest temperature as eval/policy.py reads them: the K rule is choose_k over the
+    prompts' paired times (its bars the contract's), a cell's interval its record's, the difference of two cells
+    the paired bootstrap over the prompts both ran (eval/intervals.py difference_ci)."""
 
-    At the lowest temperature, for the promotion candidate (candidate_name) and the production draft: every K
-    that could be chosen as best (choose_k's indistinguishable set) whose speedup interval straddles (or has
-    none against) a bar in `cfg.decide_at`; and both chosen cells when the interval of the candidate's
-    speedup minus production's straddles `cfg.decide_margin`.
-    """
-    if not cfg.decide_at:
+    def __init__(self, cells: list[Cell], temperature: float, bars):
+        self.cells = {(c.draft, c.k): c for c in cells if c.temperature == temperature}
+        self.bars = tuple(bars) or (1.0,)
+
+    def choice(self, name: str):
+        mine = {k: c for (n, k), c in self.cells.items() if n == name}
+        if not mine:
+            return None
+        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=self.bars)
+        return choice["k"], list(choice["indistinguishable"])
+
+    def speedup(self, cell):
+        return self.cells[cell].record().speedup
+
+    def interval(self, cell):
+        return self.cells[cell].record().speedup_ci95
+
+    def difference(self, a, b):
+        return difference_ci(self.cells[a].units(), self.cells[b].units())
+
+
+def roles(drafts, baselines) -> Roles:
+    """Who plays which part among the eval's proposers (eval/policy.py Roles)."""
+    return Roles(candidate=candidate_name(drafts), production="production" if "production" in drafts else None,
+                 free=tuple(training_free(baselines, "eval.baselines")))
+
+
+def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
+    """The cells whose verdict more repeats could still settle (eval/policy.py unsettled, at the lowest
+    temperature; empty without a bar in ``cfg.decide``)."""
+    if cfg.decide is None:
         return []
-    temp = min(cfg.temperature)
-    names = [n for n in (candidate_name(cfg.drafts), "production") if n in cfg.drafts]
-    active, chosen = [], {}
-    for name in names:
-        mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
-        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=cfg.decide_at or (1.0,))
-        chosen[name] = mine[choice["k"]]
-        for k in choice["indistinguishable"]:
-            ci = mine[k].record().speedup_ci95
-            if any(verdict(ci, bar) in (STRADDLES, UNKNOWN) for bar in cfg.decide_at):
-                active.append(mine[k])
-    if cfg.decide_margin is not None and len(chosen) == 2:
-        a, b = chosen[names[0]], chosen["production"]
-        if verdict(difference_ci(a.units(), b.units()), cfg.decide_margin) in (STRADDLES, UNKNOWN):
-            active += [a, b]
-    return list({id(c): c for c in active}.values())
+    view = _Pass(cells, min(cfg.temperature), cfg.decide.at)
+    return [view.cells[c] for c in unsettled(view, roles(cfg.drafts, cfg.baselines), cfg.decide)]
 
 
 def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, clock=time.monotonic) -> dict:
@@ -346,7 +371,7 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
     while True:
         todo = undecided(cfg, cells)
         if not todo:
-            stopped = "decided" if cfg.decide_at else "eval.decide_at is empty: no verdict to settle"
+            stopped = "decided" if cfg.decide and cfg.decide.at else "no verdict to settle (no decision contract)"
             break
         room = [c for c in todo if c.repeats < cfg.max_repeats]
         if not room:
@@ -388,11 +413,16 @@ def run(cfg: EvalConfig) -> dict:
     eos = eos_token_id(target.generation_config, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     drafts = {}
-    for name, path in cfg.drafts.items():  # every draft checked before any timing starts
+    free = training_free(cfg.baselines, "eval.baselines")
+    clash = sorted(free.keys() & cfg.drafts.keys())
+    if clash:
+        raise EvalError(f"eval.drafts names {clash}, which eval.baselines uses for a training-free method: rename "
+                        "the draft")
+    for name, path in {**cfg.drafts, **free}.items():  # every draft checked before any timing starts
         drafts[name] = load_draft(path, name, target, tokenizer, cfg)
     vocab, vocab_info = None, None
     if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says
-        width = min(logit_width(m) for m in [target, *drafts.values()] if not isinstance(m, HEAD_KINDS))
+        width = min(logit_width(m) for m in [target, *drafts.values()] if not isinstance(m, NOT_MODELS))
         vocab, vocab_info = datagen_vocab(cfg.data_dir, cfg.draft_vocab, width, eos)
         vocab = vocab.to(cfg.device)
 
@@ -416,7 +446,7 @@ def run(cfg: EvalConfig) -> dict:
     for name in drafts:
         temp = min(cfg.temperature)
         mine = {c.k: c for c in cells if c.draft == name and c.temperature == temp}
-        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=cfg.decide_at or (1.0,))
+        choice = choose_k({k: c.units() for k, c in mine.items()}, bars=(cfg.decide.at if cfg.decide else ()) or (1.0,))
         best = next(r for n, r in cell_records if n == name and r.temperature == temp and r.k == choice["k"])
         entry = next(e for (_, r), e in zip(cell_records, records) if r is best)  # its metrics.json entry
         summary[name] = {"best_k": choice["k"], "temperature": temp, "speedup": best.speedup,

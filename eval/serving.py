@@ -55,14 +55,15 @@ from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metric
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
-from draftsmith.eval.intervals import STRADDLES, UNKNOWN, format_ci, verdict
+from draftsmith.eval.intervals import format_ci
+from draftsmith.eval.policy import Contract, Roles, unsettled
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
                                           contenders, decision_level, k_bands, make_cell, merge_passes, summarize,
                                           summary_lines)
-from draftsmith.eval.settings import ServingSettings, candidate_name
+from draftsmith.eval.settings import ServingSettings, candidate_name, training_free
 
 SCHEMA_VERSION = 1
 SERVERS_GPU_SHARE = 0.9  # serve.interleave on a GPU without serve.gpu_memory_utilization: what the servers up at
@@ -229,23 +230,25 @@ def _infer_k(runs) -> Optional[int]:
 
 def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, str], k: list[int],
                    prompts: list[list[int]], out_dir: str | Path, dtype: str = "float32",
-                   reference: Optional[list[list[int]]] = None, decide: Optional[dict] = None, log=print) -> dict:
+                   reference: Optional[list[list[int]]] = None, decide: Optional[Contract] = None, log=print) -> dict:
     """Run the serving A/B and write ``serving.json`` and its plots into `out_dir`; returns serving.json's content.
 
     Args:
         settings: ``serve.*`` (engine must be "vllm").
         target: the target model dir / hub id vLLM serves.
-        drafts: name -> draft dir (a plain merged model dir); each is served at every K in `k`.
+        drafts: name -> draft dir (a plain merged model dir); each is served at every K in `k`, and so is each
+            training-free method of ``serve.baselines`` (named as eval/settings.py training_free says: "ngram").
         k: draft tokens per step, one spec server per draft x K.
         prompts: held-out prompts as token-id lists (the first `settings.max_prompts` are used).
         out_dir: where serving.json, the plots and the servers' logs (``serving_logs/``) go.
         dtype: the served dtype (float32 keeps greedy outputs comparable token for token).
         reference: optional greedy outputs of draftsmith's own loop per prompt (same max_tokens, no EOS
             stop when `settings.ignore_eos`): each cell then says whether vLLM's outputs equal them.
-        decide: the verdicts the promote stage will take, {"at": [speedup bars], "concurrency": the serving
-            concurrency or None, "margin": the champion margin or None}: while one is undecided at the decision
-            level (:func:`undecided_serving`), passes are added there up to ``serve.max_repeats`` (launched servers
-            with ``serve.interleave`` only); serving.json's ``added_passes`` says what was added and why it stopped.
+        decide: the verdicts the promote stage will take (eval/policy.py Contract: the bars, the champion and
+            training-free margins, the serving concurrency, whether a K schedule is exported): while one is
+            undecided at the decision level (:func:`undecided_serving`), passes are added there up to
+            ``serve.max_repeats`` (launched servers with ``serve.interleave`` only); serving.json's
+            ``added_passes`` says what was added and why it stopped.
     With `settings.url` / `settings.baseline_url` nothing is launched: the cells are labelled with the
     only draft name given (else "served") and the K read from the server's per-position counters.
     """
@@ -257,6 +260,13 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     if not prompts:
         raise ValueError("run_serving_ab needs at least one prompt")
     logs, cells, scheduled = [], [], None
+    if not settings.url:  # the training-free methods, served as drafts are (names: eval/settings.py training_free)
+        free = training_free(settings.baselines, "serve.baselines")
+        clash = sorted(free.keys() & drafts.keys())
+        if clash:
+            raise ConfigError(f"the drafts to serve are named {clash}, which serve.baselines uses for a "
+                              "training-free method: rename the draft")
+        drafts = {**drafts, **free}
     if settings.url:
         engine = {"url": settings.url, "baseline_url": settings.baseline_url}
         spec_runs, plain_runs = drive(settings.url, prompts, settings, spec=True, baseline_url=settings.baseline_url,
@@ -331,7 +341,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
         def measure_schedule(plain_url: Optional[str]):
             nonlocal scheduled
-            scheduled = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
+            scheduled = schedule_to_measure(cells, drafts, k) if decide is None or decide.schedule else None
             if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
                 from draftsmith.serve.errors import VllmError
 
@@ -351,7 +361,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         def retrack_schedule() -> None:
             """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
             if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
-                now = schedule_to_measure(cells, drafts, k) if (decide or {}).get("schedule", True) else None
+                now = schedule_to_measure(cells, drafts, k) if decide is None or decide.schedule else None
                 if now is not None:
                     late_schedule.append(f"the decision cells' server lives give a K schedule "
                                          f"({describe_schedule(now['schedule'])}) where the first passes gave one "
@@ -440,7 +450,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
         def decision_concurrency() -> Optional[int]:
             """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
             levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
-            return decision_level(levels, decide.get("concurrency"))[0] if decide is not None and levels else None
+            return decision_level(levels, decide.concurrency)[0] if decide is not None and levels else None
 
         def remeasured(name: str, kk: int, spec_runs, plain) -> None:
             """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
@@ -546,29 +556,45 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     return serving
 
 
-def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: dict) -> list[tuple[str, int]]:
-    """The (draft, K) cells at concurrency `level` whose verdict more passes could settle: for the promotion
-    candidate (eval/settings.py candidate_name) and the production draft, every K that could be chosen there
-    (best_k_per_concurrency's indistinguishable K) whose speedup interval straddles (or has none against) a bar
-    of ``decide["at"]``; and both chosen cells when the interval of their paired difference straddles
-    ``decide["margin"]``."""
-    names = [n for n in (candidate_name(drafts), "production") if n in drafts]
-    todo, chosen = [], {}
-    for name in names:
-        here = {c["k"]: c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None
-                and c["speedup"] is not None}
+class _Level:
+    """The A/B's closed-loop cells at one concurrency as eval/policy.py reads them: the K rule is
+    best_k_per_concurrency's, a cell's interval its speedup_ci95, the difference of two cells
+    serving_stats.cell_difference_ci (paired requests, the spread between server lives held)."""
+
+    def __init__(self, cells: list[dict], level: int):
+        self.cells = {(c["draft"], c["k"]): c for c in cells if c["concurrency"] == level and c["k"] is not None
+                      and c["speedup"] is not None}
+
+    def choice(self, name: str):
+        here = [c for (n, _), c in self.cells.items() if n == name]
         if not here:
-            continue
-        choice = best_k_per_concurrency(list(here.values()))[0]
-        chosen[name] = here.get(choice["best_speedup_k"])
-        for kk in choice["indistinguishable"]:
-            ci = here[kk].get("speedup_ci95")
-            if any(verdict(ci, bar) in (STRADDLES, UNKNOWN) for bar in decide.get("at") or []):
-                todo.append((name, kk))
-    if decide.get("margin") is not None and len(chosen) == 2 and all(chosen.values()):
-        if verdict(cell_difference_ci(*(chosen[n] for n in names)), decide["margin"]) in (STRADDLES, UNKNOWN):
-            todo += [(n, chosen[n]["k"]) for n in names]
-    return list(dict.fromkeys(todo))
+            return None
+        choice = best_k_per_concurrency(here)[0]
+        return choice["best_speedup_k"], list(choice["indistinguishable"])
+
+    def speedup(self, cell):
+        return self.cells[cell]["speedup"]
+
+    def interval(self, cell):
+        return self.cells[cell].get("speedup_ci95")
+
+    def difference(self, a, b):
+        return cell_difference_ci(self.cells[a], self.cells[b])
+
+
+def roles_of(drafts: dict) -> Roles:
+    """Who plays which part among the served proposers (eval/policy.py Roles): the training-free methods are those
+    whose value is a spec string (decode/ngram.py)."""
+    from draftsmith.decode.ngram import is_ngram_spec
+
+    return Roles(candidate=candidate_name(drafts), production="production" if "production" in drafts else None,
+                 free=tuple(n for n, spec in drafts.items() if is_ngram_spec(str(spec))))
+
+
+def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contract) -> list[tuple[str, int]]:
+    """The (proposer, K) cells at concurrency `level` whose verdict more passes could settle: eval/policy.py
+    unsettled over the cells there."""
+    return unsettled(_Level(cells, level), roles_of(drafts), decide)
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:

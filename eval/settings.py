@@ -52,8 +52,11 @@ class EvalSettings:
     cost_repeats: int = 5
     draft_vocab: int = 0  # > 0: every draft proposes only the N tokens the target says most often in the datagen
     # train split (its head computes N rows instead of the whole vocabulary: decode/vocab.py); 0 = full vocabulary
+    baselines: list[str] = field(default_factory=lambda: ["ngram"])  # speculation with nothing to train, measured
+    # beside the drafts in the same passes: ngram (prompt lookup, window 2-4) or ngram:MIN-MAX; [] = none
 
     def __post_init__(self):
+        training_free(self.baselines, "eval.baselines")
         bad_k = [k for k in self.k if isinstance(k, bool) or not isinstance(k, int) or k < 1]
         check(bool(self.k) and not bad_k, f"eval.k must be a non-empty list of integers >= 1, got {list(self.k)}")
         bad_t = [t for t in self.temperature if not t >= 0]
@@ -69,6 +72,30 @@ class EvalSettings:
         check(self.cost_repeats >= 1, f"eval.cost_repeats must be >= 1, got {self.cost_repeats}")
         check(isinstance(self.draft_vocab, int) and self.draft_vocab >= 0,
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
+
+
+def training_free(entries, key: str) -> dict[str, str]:
+    """The training-free proposers of `entries` (``eval.baselines`` / ``serve.baselines``) as {name: spec}: the
+    name is "ngram" (the spec string, ``ngram:MIN-MAX``, when several windows are measured); a ConfigError naming
+    `key` for anything else. These names stand beside the drafts' in metrics.json and serving.json."""
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.decode.ngram import is_ngram_spec, parse_ngram
+
+    specs = []
+    for entry in entries:
+        if entry == "suffix":
+            raise ConfigError(f"{key}: suffix decoding needs vLLM's arctic-inference plug-in, which draftsmith does not "
+                              "measure yet (its 0.3.0 is a source package that does not build on the CPU here); use "
+                              "ngram")
+        if not is_ngram_spec(entry):
+            raise ConfigError(f"{key}={list(entries)}: {entry!r} is not a training-free method; give ngram (prompt "
+                              "lookup) or ngram:MIN-MAX, or [] for none")
+        try:
+            specs.append(parse_ngram(entry, key=key).spec)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    specs = list(dict.fromkeys(specs))
+    return {("ngram" if len(specs) == 1 else spec): spec for spec in specs}
 
 
 SERVABLE_DRAFTS = ("trained", "base", "production", "candidate")  # the eval's draft names; "candidate": the one
@@ -127,9 +154,13 @@ class ServingSettings(ServerSettings):
     slo_ttft_ms: Optional[float] = None  # p95 TTFT target, likewise (both: both must hold)
     seed: int = 0  # the Poisson arrival times
     baseline_url: Optional[str] = None  # with url: the same target with speculation off (no launch)
+    baselines: list[str] = field(default_factory=lambda: ["ngram"])  # speculation with nothing to train, served
+    # beside the drafts on the same requests at every concurrency and K: ngram (vLLM's prompt lookup, window 2-4)
+    # or ngram:MIN-MAX; [] = none. The promotion asks whether the draft beats the best of them
 
     def __post_init__(self):
         super().__post_init__()
+        training_free(self.baselines, "serve.baselines")
         check_choice("serve.engine", self.engine, ("none", "vllm", "auto"))
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,

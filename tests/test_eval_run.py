@@ -38,7 +38,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
                      max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True)
     metrics = run(cfg)
     assert load_metrics(out).doc == json.loads(json.dumps(metrics, default=str))
-    assert len(metrics["records"]) == 2 * 2 * 2
+    assert len(metrics["records"]) == 3 * 2 * 2  # trained, base and the n-gram baseline (eval.baselines' default)
     for rec in metrics["records"]:
         for key in ("acceptance_rate", "token_acceptance", "mean_accepted_tokens", "per_position_acceptance",
                     "speedup", "predicted_speedup", "baseline", "speculative", "c", "c_v"):
@@ -50,25 +50,27 @@ def test_eval_writes_full_schema_report_and_plots(setup):
                                                / sum(map(sum, rec["timings"]["spec_s"])), rel=1e-9)
         lo, hi = rec["speedup_ci95"]
         assert lo <= rec["speedup"] <= hi
-        assert rec["backend"] == {"target": "lean", "draft": "lean"}  # llama pair, decode.backend=auto
+        # llama pair, decode.backend=auto; prompt lookup runs no model
+        assert rec["backend"] == {"target": "lean", "draft": "ngram" if rec["draft"] == "ngram" else "lean"}
         assert {"ttft_ms", "tpot_ms", "tokens_per_s"} <= rec["baseline"].keys() == rec["speculative"].keys()
         if rec["temperature"] == 0:
-            assert rec["greedy_match"] == 1.0 and rec["hf_assisted"]["outputs_equal"]
+            assert rec["greedy_match"] == 1.0
+            assert (rec["hf_assisted"]["outputs_equal"] if rec["draft"] != "ngram" else "hf_assisted" not in rec)
         else:
             assert rec["greedy_match"] is None and "hf_assisted" not in rec
-            assert 0.0 < rec["expected_acceptance"] <= 1.0
+            assert 0.0 <= rec["expected_acceptance"] <= 1.0 and (rec["draft"] == "ngram" or rec["expected_acceptance"] > 0)
     for temperature in (0.0, 0.8):  # one plain run per prompt and pass serves every draft and K of a temperature
         plains = [r["timings"]["plain_s"] for r in metrics["records"] if r["temperature"] == temperature]
-        assert len(plains) == 4 and all(p == plains[0] for p in plains)
+        assert len(plains) == 6 and all(p == plains[0] for p in plains)
         specs = [r["timings"]["spec_s"] for r in metrics["records"] if r["temperature"] == temperature]
-        assert len({json.dumps(s) for s in specs}) == 4  # each cell's own speculative runs
+        assert len({json.dumps(s) for s in specs}) == 6  # each cell's own speculative runs
     assert metrics["records"][0]["timings"]["plain_s"] != metrics["records"][-1]["timings"]["plain_s"]
-    assert set(metrics["summary"]) == {"trained", "base"}
+    assert set(metrics["summary"]) == {"trained", "base", "ngram"}
     assert metrics["summary"]["trained"]["acceptance_rate"] > metrics["summary"]["base"]["acceptance_rate"]
     for s in metrics["summary"].values():
         assert s["best_k"] in s["k_choice"]["indistinguishable"] and s["best_k"] == min(s["k_choice"]["indistinguishable"])
         assert s["speedup_ci95"] is not None
-    assert metrics["repeats"]["stopped"] == "eval.decide_at is empty: no verdict to settle"  # run() outside the pipeline
+    assert metrics["repeats"]["stopped"] == "no verdict to settle (no decision contract)"  # run() outside the pipeline
     slower = [r for r in metrics["records"] if r["speedup"] < 1]  # warnings follow the measured speedup
     assert len(metrics["warnings"]) == len(slower)
     assert all(f"draft {r['draft']!r}, K={r['k']}, temperature {r['temperature']}:" in w
@@ -76,7 +78,7 @@ def test_eval_writes_full_schema_report_and_plots(setup):
     report = (out / "report.md").read_text()
     assert "| trained |" in report and ("⚠" in report) == bool(metrics["warnings"])
     assert ("Forward backend (`decode.backend=auto`, the same for plain and speculative decoding): "
-            "target lean, draft lean.") in report
+            "target lean, draft lean; target lean, draft ngram.") in report
     pngs = sorted(out.glob("*.png"))
     assert [p.name for p in pngs] == ["acceptance_vs_k.png", "drafts_compared.png", "per_position_acceptance.png",
                                       "speedup_vs_k.png"]
@@ -87,7 +89,7 @@ def test_eval_on_the_hf_forward(setup):
     out = setup / "out-hf"
     metrics = run(EvalConfig(target=str(setup / "target"), drafts={"trained": str(setup / "trained")},
                              data_dir=str(setup / "data"), out_dir=str(out), k=[2], max_new_tokens=8, max_prompts=2,
-                             cost_repeats=1, hf_ab=False, backend="hf"))
+                             cost_repeats=1, hf_ab=False, backend="hf", baselines=[]))
     assert [r["backend"] for r in metrics["records"]] == [{"target": "hf", "draft": "hf"}]
     assert metrics["summary"]["trained"]["greedy_match"] == 1.0
     assert "target hf, draft hf" in (out / "report.md").read_text()

@@ -94,3 +94,29 @@ def test_bad_inputs_are_clear_errors():
         decide({"best_k": 4}, Gates())
     with pytest.raises(ValueError, match="promote.min_acceptance_rate"):
         Gates(min_acceptance_rate=1.5)
+
+
+NGRAM = {"name": "ngram", "best_k": 3, "speedup": 1.3, "speedup_ci95": [1.2, 1.4]}
+
+
+def test_the_training_free_gate_on_the_paired_difference():
+    """Draft beats n-gram: promoted; n-gram beats the draft: refused, saying what to serve; a straddle:
+    inconclusive; an n-gram that does not pay here is no rival."""
+    d = decide(GOOD, Gates(), free=NGRAM | {"difference_ci95": [0.1, 0.3]})
+    assert d["decision"] == PROMOTED and d["training_free"]["name"] == "ngram"
+    assert [c["result"] for c in d["checks"] if c["gate"] == "training_free"] == ["pass"]
+    d = decide(GOOD, Gates(), free=NGRAM | {"speedup": 1.9, "speedup_ci95": [1.8, 2.0], "difference_ci95": [-0.5, -0.3]})
+    assert d["decision"] == REFUSED
+    assert d["reasons"][0].startswith("serve ngram with K=3: 1.90x [1.80, 2.00]; the trained draft (1.50x [1.40, 1.60]) "
+                                      "adds nothing measurable")
+    d = decide(GOOD, Gates(), free=NGRAM | {"speedup": 1.45, "difference_ci95": [-0.1, 0.2]})
+    assert d["decision"] == INCONCLUSIVE and "straddles 0.0" in d["reasons"][0]
+    # the margin moves the bar: a gain of [0.1, 0.3] does not clear a margin of 0.2 for sure
+    assert decide(GOOD, Gates(free_margin=0.2), free=NGRAM | {"difference_ci95": [0.1, 0.3]})["decision"] == INCONCLUSIVE
+    d = decide(GOOD, Gates(), free=NGRAM | {"best_k": 0, "speedup": 0.9, "difference_ci95": None})
+    assert d["decision"] == PROMOTED
+    assert "does not pay here" in next(c["reason"] for c in d["checks"] if c["gate"] == "training_free")
+    # without paired timings, the candidate's own interval against the method's figure
+    assert decide(GOOD, Gates(), free=NGRAM | {"difference_ci95": None})["decision"] == PROMOTED  # [1.4, 1.6] vs 1.3
+    assert decide(GOOD, Gates(), free=NGRAM | {"speedup": 1.5, "difference_ci95": None})["decision"] == INCONCLUSIVE
+    assert decide(GOOD, Gates())["training_free"] is None  # none measured: no gate

@@ -32,6 +32,7 @@ def tiny_args(pair, tmp_path, *extra):
             "method.batch_size=4", "method.eval_every=0", "method.save_every=0", "method.device=cpu", "eval.k=[1,2]",
             "eval.max_new_tokens=8", "eval.max_prompts=3", "eval.cost_repeats=1", "promote.name=tiny",
             "promote.min_speedup=0.01", "promote.min_acceptance_rate=0.0", "promote.champion_margin=-100",
+            "promote.free_margin=-100",  # the tiny pair loops, where prompt lookup shines: these test the mechanics
             "serve.engine=none", *extra]  # the serving A/B: tests/test_pipeline_serving.py
 
 
@@ -50,11 +51,16 @@ def test_pipeline_end_to_end_skips_by_hash_and_registers(pair, tmp_path, monkeyp
         assert (out / path).exists(), path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stages"] == {s: "ran" for s in ("datagen", "train", "eval", "promote")}
-    assert set(summary["drafts"]) == {"trained", "base"}
+    assert set(summary["drafts"]) == {"trained", "base", "ngram"}  # ngram: eval.baselines' default
     assert all(d["greedy_match"] == 1.0 for d in summary["drafts"].values())
     assert "trained" in printed and "base" in printed and "PROMOTED" in printed and "speculative-config" in printed
-    assert all(d["backend"] == {"target": "lean", "draft": "lean"} for d in summary["drafts"].values())
-    assert "forward: target lean / draft lean (decode.backend; plain decoding ran on the same)" in printed
+    assert all(d["backend"] == {"target": "lean", "draft": "ngram" if name == "ngram" else "lean"}
+               for name, d in summary["drafts"].items())
+    assert ("forward: target lean / draft lean; target lean / draft ngram (decode.backend; plain decoding ran on the "
+            "same)") in printed and "ngram: prompt lookup, speculation with nothing to train" in printed
+    gate = next(c for c in json.loads((out / "promote/promotion.json").read_text())["checks"]
+                if c["gate"] == "training_free")  # asked, whatever it answered (promote.free_margin=-100 here)
+    assert gate["result"] == "pass" and "ngram" in gate["reason"]
     promotion = json.loads((out / "promote/promotion.json").read_text())
     assert promotion["promote"] and promotion["registry"]["version"] == 1
     # decided on the interval: its lower bound clears promote.min_speedup; the eval says how many passes it took
@@ -79,7 +85,7 @@ def test_pipeline_end_to_end_skips_by_hash_and_registers(pair, tmp_path, monkeyp
     run_cli(monkeypatch, tiny_args(pair, tmp_path, "method.loss=tvd"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stages"] == {"datagen": "skipped", "train": "ran", "eval": "ran", "promote": "ran"}
-    assert set(summary["drafts"]) == {"trained", "base", "production"}
+    assert set(summary["drafts"]) == {"trained", "base", "production", "ngram"}
     promotion = json.loads((out / "promote/promotion.json").read_text())
     assert promotion["champion_version"] == 1 and promotion["champion"] is not None
     assert promotion["registry"]["version"] == 2 and reg.aliases("tiny") == {"production": 2}
@@ -106,7 +112,7 @@ def test_eval_and_promote_a_draft_without_datagen_or_training(pair, tmp_path, mo
     out = tmp_path / "run"
     assert not (out / "datagen").exists() and not (out / "train").exists()
     metrics = json.loads((out / "eval/metrics.json").read_text())
-    assert set(metrics["summary"]) == {"base"} and metrics["config"]["prompts_file"].endswith("prompts.jsonl")
+    assert set(metrics["summary"]) == {"base", "ngram"} and metrics["config"]["prompts_file"].endswith("prompts.jsonl")
     assert metrics["prompts"] == 3 and metrics["summary"]["base"]["greedy_match"] == 1.0
     promotion = json.loads((out / "promote/promotion.json").read_text())
     assert promotion["candidate_name"] == "base" and promotion["promote"]
@@ -376,7 +382,7 @@ def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
                           "eval.max_new_tokens=8", "eval.max_prompts=2", "eval.cost_repeats=1",
                           f"serve.python={tmp_path / 'no-vllm-python'}"])  # the demo's serving A/B: auto
     summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert set(summary["drafts"]) == {"trained", "base"}
+    assert set(summary["drafts"]) == {"trained", "base", "ngram"}
     assert summary["promotion"] is not None  # decided (a 3-step tiny draft is usually rejected), and recorded
     prompts = [json.loads(line)["prompt"] for line in (tmp_path / "run/demo_prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == 40

@@ -20,7 +20,8 @@ def test_the_serve_stage_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_pa
     fake = write_fake_python(tmp_path)
     run_cli(monkeypatch, serving_args(pair, tmp_path, "serve.engine=vllm", f"serve.python={fake}"))
     serving = json.loads((tmp_path / "run/serve/serving.json").read_text())
-    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {("base", 2, 1), ("base", 2, 2)}
+    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {
+        ("base", 2, 1), ("base", 2, 2), ("ngram", 2, 1), ("ngram", 2, 2)}  # serve.baselines' default: ngram
     assert all(c["outputs_equal"] for c in serving["cells"]) and "base" in serving["boundary"]
     assert (tmp_path / "run/eval/metrics.json").exists()  # the batch-1 eval has its own output
     assert not (tmp_path / "run/eval/serving.json").exists() and "Serving A/B" not in (
@@ -86,7 +87,8 @@ def test_serving_drafts_and_k_choose_the_servers(pair, tmp_path, monkeypatch, ca
     run_cli(monkeypatch, serving_args(pair, tmp_path, "serve.engine=vllm", f"serve.python={fake}",
                                       "serve.drafts=[base]", "serve.k=[1]"))
     serving = json.loads((tmp_path / "run/serve/serving.json").read_text())
-    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {("base", 1, 1), ("base", 1, 2)}
+    assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {
+        ("base", 1, 1), ("base", 1, 2), ("ngram", 1, 1), ("ngram", 1, 2)}
     assert {r["k"] for r in json.loads((tmp_path / "run/eval/metrics.json").read_text())["records"]} == {2}
     # a list that names none of the eval's drafts (stages=[eval]: only base) fails before the eval runs
     capsys.readouterr()

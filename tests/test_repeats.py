@@ -4,6 +4,7 @@ inconclusive at eval.max_repeats / eval.time_budget_s. Cells with synthetic timi
 import random
 
 from draftsmith.decode.stats import DecodeStats, SpeculativeStats
+from draftsmith.eval.policy import Contract
 from draftsmith.eval.runner import Cell, EvalConfig, more_repeats, undecided
 
 PROMPTS = 6
@@ -11,7 +12,7 @@ PROMPTS = 6
 
 def config(**kw) -> EvalConfig:
     base = dict(target="t", drafts={"trained": "d"}, out_dir="o", prompts_file="p.jsonl", k=[2], repeats=1,
-                max_repeats=5, decide_at=[1.0, 1.1])
+                max_repeats=5, decide=Contract(at=(1.0, 1.1)), baselines=[])
     return EvalConfig(**{**base, **kw})
 
 
@@ -94,7 +95,7 @@ def test_the_time_budget_stops_the_passes():
 
 
 def test_only_the_candidate_and_production_and_choosable_k_get_passes():
-    cfg = config(drafts={"trained": "d", "base": "b", "production": "p"}, k=[2, 4], decide_margin=0.02)
+    cfg = config(drafts={"trained": "d", "base": "b", "production": "p"}, k=[2, 4], decide=Contract(at=(1.0, 1.1), margin=0.02))
     speed = {("trained", 2): 1.5, ("trained", 4): 2.4, ("base", 2): SPREAD, ("base", 4): SPREAD,
              ("production", 2): 1.5, ("production", 4): 2.4}
     timer = Timer(speed, noise=0.2)
@@ -103,4 +104,5 @@ def test_only_the_candidate_and_production_and_choosable_k_get_passes():
     # base straddles 1.1 but decides nothing; trained K=2 is clearly slower than K=4 (not choosable); the
     # candidate-vs-production difference (~0) straddles the margin: both chosen cells get passes
     assert todo == {("trained", 4), ("production", 4)}
-    assert undecided(config(drafts=cfg.drafts, k=[2, 4], decide_at=[]), cells) == []
+    assert undecided(config(drafts=cfg.drafts, k=[2, 4], decide=Contract()), cells) == []
+    assert undecided(config(drafts=cfg.drafts, k=[2, 4], decide=None), cells) == []

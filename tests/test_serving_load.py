@@ -72,7 +72,7 @@ def test_failed_requests_raise_only_when_all_fail():
 
 
 def test_ab_against_user_servers_writes_the_serving_json_contract(tmp_path):
-    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=6, max_prompts=3, warmup=1, repeats=1)
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=6, max_prompts=3, warmup=1, repeats=1)
     with FakeServer(ttft_s=0.02, tpot_s=0.004, chunk=2, k=3) as spec, FakeServer(ttft_s=0.02, tpot_s=0.008) as plain:
         settings.url, settings.baseline_url = spec.url, plain.url
         serving = run_serving_ab(settings, target="t", drafts={"trained": "d"}, k=[3], prompts=PROMPTS,
@@ -95,7 +95,7 @@ def test_ab_against_user_servers_writes_the_serving_json_contract(tmp_path):
 
 
 def test_ab_reports_a_greedy_mismatch(tmp_path):
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=6, max_prompts=2, warmup=0, repeats=1)
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=6, max_prompts=2, warmup=0, repeats=1)
     with FakeServer(k=2, mismatch=True, ttft_s=0.01, tpot_s=0.002) as spec, FakeServer(ttft_s=0.01, tpot_s=0.002) as plain:
         settings.url, settings.baseline_url = spec.url, plain.url
         serving = run_serving_ab(settings, target="t", drafts={"a": "x", "b": "y"}, k=[2], prompts=PROMPTS,
@@ -110,7 +110,7 @@ def test_ab_reports_a_greedy_mismatch(tmp_path):
 def test_ab_refuses_a_spec_url_that_does_not_speculate(tmp_path):
     from draftsmith.serve.errors import VllmError
 
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=3, max_prompts=1, warmup=0)
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=3, max_prompts=1, warmup=0)
     with FakeServer(ttft_s=0.01, tpot_s=0.001) as a, FakeServer(ttft_s=0.01, tpot_s=0.001) as b:
         settings.url, settings.baseline_url = a.url, b.url
         with pytest.raises(VllmError, match="drafted nothing"):

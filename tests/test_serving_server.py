@@ -12,6 +12,7 @@ import time
 import pytest
 
 import draftsmith.serve.server as vllm
+from draftsmith.eval.policy import Contract
 from draftsmith.serve.client import http_get
 from draftsmith.serve.errors import VllmError
 from draftsmith.serve.server import ServerSpec, VllmServer, require_vllm
@@ -222,7 +223,7 @@ def test_require_vllm_says_how_to_install(tmp_path):
 
 
 def test_run_serving_ab_launches_plain_and_spec_servers(fake, tmp_path):
-    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=1,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=1,
                                python=str(fake), startup_timeout_s=30)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lambda *_: None)
@@ -249,9 +250,9 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
         return [("trained", 2)] if len(calls) <= 4 else []  # the list, the re-check, the first check, one pass
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
-    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, max_repeats=3, decision_servers=0)
-    decide = {"at": [1.0, 1.1], "concurrency": 2, "margin": None}
+    decide = Contract(at=(1.0, 1.1), concurrency=2)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
                              log=lambda *_: None)
@@ -269,9 +270,9 @@ def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
     """serve.decision_servers=2: at the decision level (promote.serving_concurrency=2) the chosen K's cell gets one
     pass on each of two newly started plain + spec server pairs; every pass says which pair ran it, and the cell's
     interval holds the spread of its three lives. The other level keeps its one server's passes."""
-    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=2, decision_servers=2, max_repeats=4)
-    decide = {"at": [1.0], "concurrency": 2, "margin": None, "schedule": False}
+    decide = Contract(at=(1.0,), concurrency=2, schedule=False)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
                              log=lambda *_: None)
@@ -306,11 +307,11 @@ def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(f
     # the fake servers' timings decide nothing here: K=2 and K=3 are the contenders (serving_stats.contenders is
     # tested on hand-made cells in tests/test_serving_stats.py)
     monkeypatch.setattr(serving_mod, "contenders", lambda cells: [2, 3])
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=1)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
-                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False),
                              log=lambda *_: None)
     lives = [log for log in serving["logs"] if "life" in log and "plain" not in log]
     assert lives == ["serving_logs/trained-k2-life2.log", "serving_logs/trained-k3-life2.log",
@@ -341,11 +342,11 @@ def test_a_server_life_that_will_not_start_is_said_and_the_cell_keeps_its_lives(
 
     monkeypatch.setattr(serving_mod, "started_together", flaky)
     monkeypatch.setattr(serving_mod, "undecided_serving", lambda *a: [("trained", 2)])  # never decided
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=5)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
-                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False),
                              log=lambda *_: None)
     (cell,) = serving["cells"]
     assert cell["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2"] and cell["repeats"] == 2
@@ -368,11 +369,11 @@ def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path
         return [("trained", 2)] if len(calls) <= 3 else []  # the list, the re-check, one added life; then decided
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=1, max_repeats=5)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
-                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False),
                              log=lambda *_: None)
     (cell,) = serving["cells"]
     assert cell["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-more1"]
@@ -381,7 +382,7 @@ def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path
 
 
 def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_path):
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=2, fresh_servers=True)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lambda *_: None)
@@ -397,12 +398,12 @@ def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_
 def test_decision_lives_beside_fresh_servers_count_every_server_pair(fake, tmp_path):
     """serve.fresh_servers: each main pass is a life of its own, so two passes + two decision lives are four lives;
     at most two servers were up at once (every pair stops before the next starts)."""
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=2, fresh_servers=True,
                                decision_servers=2, max_repeats=4)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
-                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False},
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False),
                              log=lambda *_: None)
     assert serving["decision_servers"]["cells"] == [{"draft": "trained", "k": 2, "lives": 4, "passes": 4,
                                                      "chosen_before": True, "contenders": [2]}]
@@ -439,11 +440,11 @@ def test_every_k_of_a_draft_is_up_at_once_and_one_plain_pass_serves_them_all(fak
     both K are compared with that one plain pass."""
     groups, lines = _spy_started_together(monkeypatch), []
     monkeypatch.setenv("FAKE_VLLM_TPOT", "0.02")  # speculation ~1.7x: clear of the bar, so no pass is added
-    settings = ServingSettings(engine="vllm", concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=2)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lines.append,
-                             decide={"at": [1.0], "concurrency": 1, "margin": None, "schedule": False})
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False))
     assert groups[0] == ["trained-k2", "trained-k3"]
     rounds = _passes_of(lines)
     assert len(rounds) == 2 * 2 + 2  # two levels x two passes, then the decision level on two lives x one pass
@@ -461,7 +462,7 @@ def test_every_k_of_a_draft_is_up_at_once_and_one_plain_pass_serves_them_all(fak
 
 def test_k_at_once_one_starts_the_spec_servers_one_after_another(fake, tmp_path, monkeypatch):
     groups, lines = _spy_started_together(monkeypatch), []
-    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, k_at_once=1)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", log=lines.append)

@@ -309,14 +309,22 @@ def test_undecided_serving_names_the_cells_more_passes_could_settle():
     clear = timed("trained", 2, 4, [1.5, 1.6, 1.55, 1.5])
     straddling = timed("trained", 4, 4, [0.8, 1.6, 0.8, 1.6])
     drafts = {"trained": "d"}
-    decide = {"at": [1.0, 1.1], "margin": None}
+    from draftsmith.eval.policy import Contract
+
+    decide = Contract(at=(1.0, 1.1))
     assert undecided_serving([clear], drafts, 4, decide) == []
     assert undecided_serving([straddling], drafts, 4, decide) == [("trained", 4)]
     assert undecided_serving([straddling], drafts, 8, decide) == []  # nothing measured at that level
     # the candidate clears the bars, but its difference with production straddles the margin
     prod = timed("production", 2, 4, [1.4, 1.7, 1.5, 1.55])
-    both = undecided_serving([clear, prod], {"trained": "d", "production": "p"}, 4, decide | {"margin": 0.02})
+    both = undecided_serving([clear, prod], {"trained": "d", "production": "p"}, 4, Contract(at=(1.0, 1.1), margin=0.02))
     assert both == [("trained", 2), ("production", 2)]
+    # and with n-gram lookup beside it (a spec string, not a folder): its difference with the candidate straddles 0
+    ngram = timed("ngram", 3, 4, [1.4, 1.7, 1.5, 1.55])
+    free = undecided_serving([clear, ngram], {"trained": "d", "ngram": "ngram:2-4"}, 4,
+                             Contract(at=(1.0, 1.1), free_margin=0.0))
+    assert free == [("trained", 2), ("ngram", 3)]
+    assert undecided_serving([clear, ngram], {"trained": "d", "ngram": "ngram:2-4"}, 4, decide) == []  # no free gate
 
 
 def test_interleaved_servers_must_both_fit():

@@ -1,0 +1,123 @@
+"""The decision contract and the one policy both measurement engines follow: is every verdict the promotion will
+take settled, and if not, which cells to measure more.
+
+The batch-1 eval (eval/runner.py) and the serving A/B (eval/serving.py) measure cells — a proposer (a draft, or a
+training-free method) at a K, speculation on beside off — and each asks the same question after every pass: which
+cells could still change the promotion's answer? Those are, among the cells of the promotion candidate
+(eval/settings.py candidate_name), the production draft and the best training-free method:
+
+- every K that could be chosen for the candidate or production (its K rule's indistinguishable set) whose speedup
+  interval straddles, or has none against, a bar of ``at`` (the promote gate's ``min_speedup``);
+- the candidate's and production's chosen cells when the interval of their paired difference straddles
+  ``margin`` (the champion gate);
+- the candidate's and the fastest training-free method's chosen cells when that method pays (its chosen speedup
+  above 1) and the interval of their difference straddles ``free_margin`` (the training-free gate).
+
+The engines differ only in how they read their cells — the K rule, a cell's interval and the paired difference of
+two cells — which each hands the policy as a :class:`View`; how many passes a cell may take, and what one costs
+(a prompt pass, a server life), stays theirs. The policy is pure: tests drive it with hand-made views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from draftsmith.eval.intervals import STRADDLES, UNKNOWN, verdict
+
+Cell = tuple[str, int]  # (proposer name, K)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the promotion will decide, so that the engines measure until it is settled: built once by the pipeline
+    from ``promote.*`` (:meth:`of`) and handed to the eval and to the serving A/B alike."""
+
+    at: tuple[float, ...] = ()  # the speedup bars (promote.min_speedup); () = no verdict to settle
+    margin: Optional[float] = None  # candidate - production (promote.champion_margin), when production is measured
+    free_margin: Optional[float] = None  # candidate - best training-free method (promote.free_margin), when any
+    concurrency: Optional[int] = None  # serving: the level decided at (promote.serving_concurrency; None: lowest)
+    schedule: bool = True  # serving: measure the K schedule a promotion exports (promote.k_schedule)
+
+    @classmethod
+    def of(cls, promote, *, production: bool, free: bool) -> "Contract":
+        """The contract of the ``promote.*`` settings `promote`; `production` / `free`: whether a production draft /
+        a training-free method is measured beside the candidate (else their gates have nothing to settle)."""
+        return cls(at=(float(promote.min_speedup),), margin=promote.champion_margin if production else None,
+                   free_margin=promote.free_margin if free else None, concurrency=promote.serving_concurrency,
+                   schedule=promote.k_schedule)
+
+
+    def at_batch1(self) -> "Contract":
+        """The contract without its serving-only parts (the level decided at, the schedule column): what the
+        batch-1 eval settles, so that a change of them re-runs serve and promote, never the eval."""
+        return Contract(at=self.at, margin=self.margin, free_margin=self.free_margin)
+
+
+class View(Protocol):
+    """One engine's cells as the policy reads them (at the decision point: the lowest temperature at batch 1, the
+    decision concurrency on vLLM)."""
+
+    def choice(self, name: str) -> Optional[tuple[int, list[int]]]:
+        """(the K the K rule picks, every K it could pick on other measurements), None when `name` has no cell."""
+
+    def speedup(self, cell: Cell) -> Optional[float]:
+        """The cell's pooled speedup."""
+
+    def interval(self, cell: Cell) -> Optional[list[float]]:
+        """The 95% interval of the cell's speedup, None when there is none yet."""
+
+    def difference(self, a: Cell, b: Cell) -> Optional[list[float]]:
+        """The 95% interval of a's speedup minus b's, paired (the same prompts / requests), None when there is none."""
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which measured proposer plays which part in the promotion."""
+
+    candidate: Optional[str]  # what the promotion decides on
+    production: Optional[str] = None  # the registry's production draft, measured beside it
+    free: tuple[str, ...] = ()  # the training-free methods measured beside it
+
+
+def _open(ci: Optional[list[float]], bar: float) -> bool:
+    return verdict(ci, bar) in (STRADDLES, UNKNOWN)
+
+
+def rival(view: View, roles: Roles) -> Optional[Cell]:
+    """The fastest training-free method's chosen cell, or None (none measured)."""
+    best = None
+    for name in roles.free:
+        choice = view.choice(name)
+        if choice is None:
+            continue
+        cell = (name, choice[0])
+        speed = view.speedup(cell)
+        if speed is not None and (best is None or speed > best[0]):
+            best = (speed, cell)
+    return best and best[1]
+
+
+def unsettled(view: View, roles: Roles, contract: Contract) -> list[Cell]:
+    """The cells whose measurement could still change a verdict of `contract` (module docstring), without repeats,
+    in a stable order; [] when every verdict is settled (or the contract has no bar)."""
+    if not contract.at:
+        return []
+    todo: list[Cell] = []
+    chosen: dict[str, Cell] = {}
+    for name in (roles.candidate, roles.production):
+        choice = view.choice(name) if name else None
+        if choice is None:
+            continue
+        chosen[name] = (name, choice[0])
+        todo += [(name, k) for k in choice[1] if any(_open(view.interval((name, k)), bar) for bar in contract.at)]
+    mine = chosen.get(roles.candidate)
+    if contract.margin is not None and mine and roles.production in chosen:
+        theirs = chosen[roles.production]
+        if _open(view.difference(mine, theirs), contract.margin):
+            todo += [mine, theirs]
+    free = rival(view, roles) if contract.free_margin is not None and mine else None
+    if free is not None and (view.speedup(free) or 0.0) > 1.0 and _open(view.difference(mine, free),
+                                                                       contract.free_margin):
+        todo += [mine, free]
+    return list(dict.fromkeys(todo))

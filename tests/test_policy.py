@@ -1,0 +1,88 @@
+"""The one measurement policy (eval/policy.py) on hand-made views: settled, undecided -> which cells next, the
+champion and the training-free differences, and the contract built from promote.*."""
+
+from dataclasses import dataclass, field
+
+from draftsmith.eval.policy import Contract, Roles, rival, unsettled
+
+
+@dataclass
+class Hand:
+    """A view written by hand: per name the K rule's (chosen K, choosable K), per cell a speedup and an interval,
+    per pair of cells a difference interval."""
+
+    choices: dict
+    cells: dict  # (name, k) -> (speedup, interval)
+    differences: dict = field(default_factory=dict)  # ((name, k), (name, k)) -> interval
+
+    def choice(self, name):
+        return self.choices.get(name)
+
+    def speedup(self, cell):
+        return self.cells[cell][0]
+
+    def interval(self, cell):
+        return self.cells[cell][1]
+
+    def difference(self, a, b):
+        return self.differences.get((a, b))
+
+
+BARS = Contract(at=(1.0, 1.1))
+
+
+def test_settled_when_every_choosable_k_clears_the_bars():
+    view = Hand({"trained": (2, [2])}, {("trained", 2): (1.5, [1.3, 1.7]), ("trained", 4): (1.0, [0.9, 1.08])})
+    assert unsettled(view, Roles("trained"), BARS) == []  # K=4 straddles 1.0 but cannot be chosen
+    assert unsettled(view, Roles("trained"), Contract()) == []  # no bar: nothing to settle
+
+
+def test_a_straddling_choosable_k_is_measured_next():
+    view = Hand({"trained": (2, [2, 4])}, {("trained", 2): (1.5, [1.3, 1.7]), ("trained", 4): (1.3, [1.05, 1.6])})
+    assert unsettled(view, Roles("trained"), BARS) == [("trained", 4)]  # straddles 1.1
+    view.cells[("trained", 4)] = (1.3, None)  # no interval yet: unknown, measured too
+    assert unsettled(view, Roles("trained"), BARS) == [("trained", 4)]
+
+
+def test_only_the_candidate_and_production_are_settled():
+    view = Hand({"trained": (2, [2]), "base": (2, [2])},
+                {("trained", 2): (1.5, [1.3, 1.7]), ("base", 2): (1.1, [0.9, 1.3])})
+    assert unsettled(view, Roles("trained"), BARS) == []
+    assert unsettled(view, Roles("base"), BARS) == [("base", 2)]
+
+
+def test_the_champion_difference():
+    view = Hand({"trained": (2, [2]), "production": (3, [3])},
+                {("trained", 2): (1.5, [1.3, 1.7]), ("production", 3): (1.45, [1.3, 1.6])},
+                {(("trained", 2), ("production", 3)): [-0.05, 0.15]})
+    roles = Roles("trained", production="production")
+    assert unsettled(view, roles, BARS) == []  # no margin in the contract
+    assert unsettled(view, roles, Contract(at=(1.1,), margin=0.02)) == [("trained", 2), ("production", 3)]
+    view.differences[(("trained", 2), ("production", 3))] = [0.03, 0.1]
+    assert unsettled(view, roles, Contract(at=(1.1,), margin=0.02)) == []
+
+
+def test_the_training_free_difference_against_the_fastest_method_that_pays():
+    view = Hand({"trained": (2, [2]), "ngram": (3, [3]), "ngram:1-2": (1, [1])},
+                {("trained", 2): (1.5, [1.3, 1.7]), ("ngram", 3): (1.4, [1.2, 1.6]), ("ngram:1-2", 1): (1.2, [1.1, 1.3])},
+                {(("trained", 2), ("ngram", 3)): [-0.1, 0.3], (("trained", 2), ("ngram:1-2", 1)): [0.1, 0.5]})
+    roles = Roles("trained", free=("ngram:1-2", "ngram"))
+    assert rival(view, roles) == ("ngram", 3)
+    free = Contract(at=(1.1,), free_margin=0.0)
+    assert unsettled(view, roles, free) == [("trained", 2), ("ngram", 3)]
+    view.differences[(("trained", 2), ("ngram", 3))] = [0.05, 0.3]
+    assert unsettled(view, roles, free) == []
+    # a method that does not pay here is no rival: nothing to settle against it
+    slow = Hand({"trained": (2, [2]), "ngram": (3, [3])}, {("trained", 2): (1.5, [1.3, 1.7]), ("ngram", 3): (0.95, [0.8, 1.1])},
+                {(("trained", 2), ("ngram", 3)): [-0.1, 0.9]})
+    assert unsettled(slow, Roles("trained", free=("ngram",)), free) == []
+
+
+def test_the_contract_from_promote_settings():
+    from draftsmith.config import PromoteConfig
+
+    p = PromoteConfig(min_speedup=1.2, champion_margin=0.05, free_margin=0.01, serving_concurrency=8, k_schedule=False)
+    c = Contract.of(p, production=True, free=True)
+    assert c == Contract(at=(1.2,), margin=0.05, free_margin=0.01, concurrency=8, schedule=False)
+    assert Contract.of(p, production=False, free=False) == Contract(at=(1.2,), concurrency=8, schedule=False)
+    assert c.at_batch1() == Contract(at=(1.2,), margin=0.05, free_margin=0.01)
