@@ -56,7 +56,7 @@ from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
-from draftsmith.eval.policy import Contract, Roles, unsettled
+from draftsmith.eval.policy import Contract, Roles, rival, unsettled
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
@@ -88,7 +88,7 @@ Runs = dict  # {level: (its passes [LoadResult], spec counters summed over them 
 def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec: bool, log=print,
           baseline_url: Optional[str] = None, levels: Optional[Levels] = None, passes: Optional[int] = None,
           into: Optional[tuple[Runs, Runs]] = None, warmup: bool = True,
-          server: Optional[str] = None) -> Runs | tuple[Runs, Runs]:
+          server: Optional[str] = None, lookup: bool = False) -> Runs | tuple[Runs, Runs]:
     """Warm the server(s) up, then run every load level ``serve.repeats`` times, pass by pass (every level once,
     then again, so that a slow spell spreads over the levels) -> {level: (passes, counters)}.
 
@@ -97,19 +97,20 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     beside it: -> (spec runs, plain runs); `url` must then be the speculative server. `levels` / `passes`: other
     levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
     `warmup` False: no warm-up requests (the servers already served); `server`: the label of this start of the
-    server(s), stamped on every pass (a cell's interval sees the spread between server lives)."""
+    server(s), stamped on every pass (a cell's interval sees the spread between server lives); `lookup`: the server
+    speculates by prompt lookup (serve.baselines), which may find nothing to propose at a level (no error then)."""
     if baseline_url is None:
         return _drive([(url, spec, server)], prompts, settings, log=log, levels=levels, passes=passes,
-                      into={url: into[0]} if into is not None else None, warmup=warmup)[url]
+                      into={url: into[0]} if into is not None else None, warmup=warmup, lookup=lookup)[url]
     [runs] = drive_together([url], baseline_url, prompts, settings, log=log, levels=levels, passes=passes,
-                            into=[into] if into is not None else None, warmup=warmup, servers=[server])
+                            into=[into] if into is not None else None, warmup=warmup, servers=[server], lookup=lookup)
     return runs
 
 
 def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]], settings: ServingSettings, *,
                    log=print, levels: Optional[Levels] = None, passes: Optional[int] = None,
                    into: Optional[list[tuple[Runs, Runs]]] = None, warmup: bool = True,
-                   servers: Optional[list[Optional[str]]] = None) -> list[tuple[Runs, Runs]]:
+                   servers: Optional[list[Optional[str]]] = None, lookup: bool = False) -> list[tuple[Runs, Runs]]:
     """:func:`drive` for several speculative servers (`urls`: one draft x K each) up beside one plain server: every
     pass of a level runs the plain server once and each speculative one, back to back (eval/order.py interleaved:
     rotated by level, reversed every other pass, so that over two passes no side runs before another more often
@@ -123,7 +124,7 @@ def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]],
     if into is not None:  # the passes already taken: the plain side's are the first url's (rotation follows them)
         before = {**{u: runs[0] for u, runs in zip(urls, into)}, baseline_url: into[0][1]}
     new = _drive(sides, prompts, settings, log=log, levels=levels, passes=passes, into=before, warmup=warmup,
-                 keep=False)
+                 keep=False, lookup=lookup)
     plain_new = new[baseline_url]
     out = []
     for i, u in enumerate(urls):
@@ -134,7 +135,7 @@ def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]],
 
 def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]], settings: ServingSettings, *,
            log=print, levels: Optional[Levels] = None, passes: Optional[int] = None, into: Optional[dict] = None,
-           warmup: bool = True, keep: bool = True) -> dict[str, Runs]:
+           warmup: bool = True, keep: bool = True, lookup: bool = False) -> dict[str, Runs]:
     """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
     side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into`
     {url: runs}: passes already taken (counted for the order; with `keep` the new passes are added to them, else
@@ -161,7 +162,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
-                    if not counters.drafts:
+                    if not counters.drafts and not lookup:  # prompt lookup may find no repeat to propose
                         raise VllmError(f"{u} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total "
                                         "did not move): is speculation on at that server?")
                 out[u] = _merged(out[u], {(kind, level): ([load], counters)})
@@ -259,301 +260,378 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     prompts = [list(map(int, p)) for p in prompts[:settings.max_prompts]]
     if not prompts:
         raise ValueError("run_serving_ab needs at least one prompt")
-    logs, cells, scheduled = [], [], None
-    if not settings.url:  # the training-free methods, served as drafts are (names: eval/settings.py training_free)
-        free = training_free(settings.baselines, "serve.baselines")
-        clash = sorted(free.keys() & drafts.keys())
-        if clash:
-            raise ConfigError(f"the drafts to serve are named {clash}, which serve.baselines uses for a "
-                              "training-free method: rename the draft")
-        drafts = {**drafts, **free}
-    if settings.url:
+    if settings.url:  # the user's servers: one spec and one plain, driven as they are
         engine = {"url": settings.url, "baseline_url": settings.baseline_url}
         spec_runs, plain_runs = drive(settings.url, prompts, settings, spec=True, baseline_url=settings.baseline_url,
                                       log=log)
         name = next(iter(drafts)) if len(drafts) == 1 else "served"
-        cells += _cells(name, _infer_k(spec_runs), spec_runs, plain_runs, reference)
+        cells, scheduled, logs = _cells(name, _infer_k(spec_runs), spec_runs, plain_runs, reference), None, []
+        ab = None
     else:
+        drafts = with_baselines(drafts, settings)
         info = require_vllm(settings.python, key="serve.python", engine_key="serve.engine")
         engine = {"version": info.get("version"), "device": info.get("device")}
-
-        device = info.get("device") or "cpu"
-        at_once = k_at_once(settings, device, len(k))
-        memory = settings
-        if settings.interleave and device != "cpu" and settings.gpu_memory_utilization is None:  # all of them fit
-            memory = dataclasses.replace(settings, gpu_memory_utilization=round(SERVERS_GPU_SHARE / (1 + at_once), 3))
-
-        def server(name: str, draft: Optional[str] = None, kk: Optional[int] = None,
-                   schedule: Optional[list[list[int]]] = None) -> VllmServer:
-            spec = memory.spec(target, device=device, dtype=dtype, draft=draft, k=kk, schedule=schedule)
-            log_path = out / "serving_logs" / f"{name}.log"
-            logs.append(str(log_path.relative_to(out)))
-            log(f"draftsmith: serving: starting vLLM ({name}); log {log_path}")
-            return VllmServer(spec, log_path=log_path, startup_timeout_s=settings.startup_timeout_s)
-
-        plain_runs, raw = None, {}
-        failed_lives: list[str] = []  # server lives that would not start or serve (warnings)
-        late_schedule: list[str] = []  # a warning when the lives bring a K schedule the first passes did not
-        plain_ready = lambda: None  # noqa: E731 - waits for the main plain server when it was started without waiting
-
-        def measure(name: str, draft: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
-            """One spec server's runs and the plain runs they are compared with."""
-            label = f"{_slug(name)}-k{kk}" if schedule is None else f"{_slug(name)}-scheduled"
-            with server(label, draft, kk, schedule) as srv:
-                if plain_url is not None:
-                    plain_ready()  # the plain server started beside the first spec server: up by now, or waited for
-                    return drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url, server=f"{label}+plain",
-                                 log=log)
-                return drive(srv.url, prompts, settings, spec=True, server=label, log=log), plain_runs
-
-        def measure_together(name: str, draft: str, group: list[int], plain_url: str):
-            """The spec servers of `group` (K of one draft) started together and driven beside the plain server:
-            [(spec runs, plain runs)] per K."""
-            labels = [f"{_slug(name)}-k{kk}" for kk in group]
-            with started_together(*[server(label, draft, kk) for label, kk in zip(labels, group)]) as servers:
-                plain_ready()  # the plain server started beside the first spec servers: up by now, or waited for
-                return drive_together([srv.url for srv in servers], plain_url, prompts, settings, log=log,
-                                      servers=[f"{label}+plain" for label in labels])
-
-        def fresh_passes(name: str, path: str, kk: int):
-            """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
-            runs: tuple = ({}, {})
-            for r in range(settings.repeats):
-                label = f"{_slug(name)}-k{kk}-pass{r + 1}"
-                pair = server(f"plain-{label}"), server(label, path, kk)
-                with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
-                    runs = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_srv.url, passes=1,
-                                 into=runs, server=label, log=log)
-            return runs
-
-        def main_cells(plain_url: Optional[str]):
-            nonlocal cells
-            for name, path in drafts.items():
-                if settings.fresh_servers or plain_url is None:
-                    runs = [fresh_passes(name, str(path), kk) if settings.fresh_servers
-                            else measure(name, str(path), kk) for kk in k]
-                else:  # serve.k_at_once spec servers up at once beside the plain one
-                    runs = [r for group in chunked(k, at_once)
-                            for r in measure_together(name, str(path), group, plain_url)]
-                for kk, (spec_runs, plain) in zip(k, runs):
-                    raw[(name, kk)] = (spec_runs, plain)
-                    cells += _cells(name, kk, spec_runs, plain, reference)
-
-        def measure_schedule(plain_url: Optional[str]):
-            nonlocal scheduled
-            scheduled = schedule_to_measure(cells, drafts, k) if decide is None or decide.schedule else None
-            if scheduled is not None:  # the configuration a promotion hands vLLM, measured as one more column
-                from draftsmith.serve.errors import VllmError
-
-                log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
-                    f"{describe_schedule(scheduled['schedule'])}")
-                try:
-                    spec_runs, plain = measure(scheduled["draft"], str(drafts[scheduled["draft"]]), None,
-                                               scheduled["schedule"], plain_url=plain_url)
-                except VllmError as exc:  # e.g. a vLLM without num_speculative_tokens_per_batch_size
-                    scheduled.update(cells=[], tracking=[], tracks=None, error=str(exc).splitlines()[0])
-                    return
-                scheduled["cells"] = [{**c, "k": None, "column": "scheduled"}
-                                      for c in _cells(scheduled["draft"], None, spec_runs, plain, reference)
-                                      if c["concurrency"] is not None]
-                scheduled.update(track_schedule(cells, scheduled))
-
-        def retrack_schedule() -> None:
-            """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
-            if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
-                now = schedule_to_measure(cells, drafts, k) if decide is None or decide.schedule else None
-                if now is not None:
-                    late_schedule.append(f"the decision cells' server lives give a K schedule "
-                                         f"({describe_schedule(now['schedule'])}) where the first passes gave one "
-                                         "static K: promotion exports it, not measured as a column")
-                return
-            if not scheduled.get("cells"):
-                return
-            scheduled.update(track_schedule(cells, scheduled))
-            now = schedule_to_measure(cells, drafts, k)
-            if now is None or now["schedule"] != scheduled["schedule"]:
-                scheduled["after_lives"] = now and now["schedule"]
-
-        def decision_lives() -> None:
-            """serve.decision_servers: at the decision level, each draft's chosen cell — and every K the choice could
-            go to on other measurements (serving_stats.contenders: indistinguishable after the first passes, or an
-            interval overlapping the fastest K's), so that the choice between them is not taken on one server life —
-            measured on that many more server lives (a newly started plain and spec server each, one pass), so that
-            their intervals hold what changes from one server start to the next."""
-            nonlocal lives
-            level = decision_concurrency()
-            if level is None or not settings.decision_servers:
-                return
-            lives = {"concurrency": level, "servers": settings.decision_servers, "cells": []}
-            for name in drafts:
-                mine = [c for c in cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
-                choice = best_k_per_concurrency(mine)[0] if mine else {}
-                chosen = choice.get("k") or choice.get("best_speedup_k")
-                if not chosen:
-                    continue
-                tied = sorted({chosen, *contenders(mine)})
-                for i in range(settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
-                    if len(tied) == 1:
-                        new_life(name, [chosen], level, [f"{_slug(name)}-k{chosen}-life{i + 2}"])
-                        continue
-                    # one new plain server per life, beside new spec servers for the K (serve.k_at_once of them at
-                    # once; the first ones start with it): one server start fewer per K after the first
-                    plain_srv = server(f"plain-{_slug(name)}-life{i + 2}")
-                    plain_srv.start()
-                    try:
-                        for group in chunked(tied, at_once):
-                            new_life(name, group, level, [f"{_slug(name)}-k{kk}-life{i + 2}" for kk in group],
-                                     plain=plain_srv)
-                    finally:
-                        plain_srv.stop()
-                for kk in tied:
-                    loads = raw[(name, kk)][0][("concurrency", level)][0]
-                    lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
-                                           "passes": len(loads), "chosen_before": kk == chosen,
-                                           "contenders": tied})
-
-        def new_life(name: str, group: list[int], level: int, labels: list[str],
-                     plain: Optional[VllmServer] = None) -> bool:
-            """One pass of the cells (name, K) for K in `group` at `level` on newly started servers: a plain server and
-            one spec server per K (`labels`: theirs), the spec passes in turn beside one plain pass (`plain`: a plain
-            server of this life already started, beside which only the spec servers start); False when they would
-            not start or serve (said in serving.json's warnings: the cells keep the lives they have, and the
-            measurements already taken are not lost)."""
-            from draftsmith.serve.errors import VllmError
-
-            def one_pass(srvs: list[VllmServer], plain_srv: VllmServer):
-                return drive_together([srv.url for srv in srvs], plain_srv.url, prompts, settings,
-                                      levels=[("concurrency", level)], passes=1,
-                                      into=[raw[(name, kk)] for kk in group], servers=labels, log=log)
-
-            plain_log = plain.log_path.name if plain is not None else f"plain-{labels[0]}.log"
-            specs = lambda: [server(label, str(drafts[name]), kk) for label, kk in zip(labels, group)]  # noqa: E731
-            try:
-                if plain is None:
-                    with started_together(server(f"plain-{labels[0]}"), *specs()) as (plain_srv, *srvs):
-                        runs = one_pass(srvs, plain_srv)  # the start-ups overlapped
-                else:
-                    with started_together(*specs()) as srvs:
-                        plain.wait_healthy()  # started beside the first spec servers: up by now, or waited for
-                        runs = one_pass(list(srvs), plain)
-            except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
-                logs_named = ", ".join(f"serving_logs/{n}" for n in [plain_log] + [f"{lab}.log" for lab in labels])
-                failed_lives.append(f"server life {', '.join(labels)} failed: {str(exc).splitlines()[0]} (its logs: "
-                                    f"{logs_named}); the cell{'s' if len(group) > 1 else ''} kept the lives "
-                                    f"{'they' if len(group) > 1 else 'it'} had")
-                log(f"draftsmith: serving: {failed_lives[-1]}")
-                return False
-            for kk, (spec_runs, plain_runs_k) in zip(group, runs):
-                remeasured(name, kk, spec_runs, plain_runs_k)
-            return True
-
-        def decision_concurrency() -> Optional[int]:
-            """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
-            levels = sorted({c["concurrency"] for c in cells if c["concurrency"] is not None})
-            return decision_level(levels, decide.concurrency)[0] if decide is not None and levels else None
-
-        def remeasured(name: str, kk: int, spec_runs, plain) -> None:
-            """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
-            nonlocal cells
-            raw[(name, kk)] = (spec_runs, plain)
-            cells = [c for c in cells if (c["draft"], c["k"]) != (name, kk)] + _cells(name, kk, spec_runs, plain,
-                                                                                       reference)
-
-        def more_passes(plain_url: Optional[str]) -> None:
-            """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided: each on
-            a new server life when serve.decision_servers > 0 (passes inside one life cannot narrow the spread between
-            lives), else on one more spec server beside the plain one."""
-            nonlocal added
-            level = decision_concurrency()
-            if level is None or settings.max_repeats <= settings.repeats:
-                return
-            added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
-            for name, kk in undecided_serving(cells, drafts, level, decide):
-                if (name, kk) not in undecided_serving(cells, drafts, level, decide):
-                    continue  # settled by the passes another cell took (the champion difference)
-                taken = 0
-
-                def more() -> bool:
-                    passes = len(raw[(name, kk)][0][("concurrency", level)][0])
-                    return (name, kk) in undecided_serving(cells, drafts, level, decide) and passes < settings.max_repeats
-
-                if settings.decision_servers:
-                    while more():
-                        if not new_life(name, [kk], level, [f"{_slug(name)}-k{kk}-more{taken + 1}"]):
-                            break  # a pair that would not start: no more tries for this cell
-                        taken += 1
-                elif more():  # the budget may already be spent: no server started for nothing
-                    label = f"{_slug(name)}-k{kk}-more"
-                    with server(label, str(drafts[name]), kk) as srv:
-                        while more():
-                            spec_runs, plain = drive(srv.url, prompts, settings, spec=True, baseline_url=plain_url,
-                                                     levels=[("concurrency", level)], passes=1, into=raw[(name, kk)],
-                                                     warmup=taken == 0, server=f"{label}+plain", log=log)
-                            taken += 1
-                            remeasured(name, kk, spec_runs, plain)
-                added["cells"].append({"draft": name, "k": kk, "added": taken,
-                                       "passes": len(raw[(name, kk)][0][("concurrency", level)][0]),
-                                       "decided": (name, kk) not in undecided_serving(cells, drafts, level, decide)})
-
-        added = lives = None
-        # At most 1 + serve.k_at_once servers are up at any time (on a GPU each takes its share of the memory): the
-        # decision lives start their own, so they run after the main plain server has stopped (the scheduled column
-        # is measured beside it first, as the cells it is compared with), and the passes added then are new lives.
-        with_lives = settings.decision_servers > 0 and settings.interleave and decide is not None
-        if settings.fresh_servers:  # the main cells start their own servers per pass
-            main_cells(None)
-            if with_lives:
-                decision_lives()
-                more_passes(None)
-            with server("plain") as plain_srv:
-                if not with_lives:
-                    more_passes(plain_srv.url)
-                measure_schedule(plain_srv.url)
-        elif settings.interleave:  # the plain server stays up beside each spec server: passes side by side in time
-            plain_srv = server("plain")
-            plain_srv.start()  # not waited for here: it comes up while the first spec server does
-            try:
-                plain_ready = plain_srv.wait_healthy
-                main_cells(plain_srv.url)
-                if not with_lives:
-                    more_passes(plain_srv.url)
-                measure_schedule(plain_srv.url)
-            finally:
-                plain_srv.stop()
-            if with_lives:
-                decision_lives()
-                more_passes(None)
-                retrack_schedule()
-        else:  # one server at a time: the plain passes first, shared by every cell
-            with server("plain") as srv:
-                plain_runs = drive(srv.url, prompts, settings, spec=False, log=log)
-            main_cells(None)
-            measure_schedule(None)
+        ab = _Launched(settings, target=target, drafts=drafts, k=k, prompts=prompts, out=out, dtype=dtype,
+                       reference=reference, decide=decide, device=info.get("device") or "cpu", log=log)
+        TOPOLOGIES[topology(settings)](ab)
+        cells, scheduled, logs = ab.cells, ab.scheduled, ab.logs
     closed = [c for c in cells if c["concurrency"] is not None]
     serving = {"schema_version": SCHEMA_VERSION, "engine": settings.engine, "vllm": engine, "target": target,
                "drafts": dict(drafts), "settings": asdict(settings), "dtype": dtype, "prompts": len(prompts),
                "requests_per_level": {f"{kind}={lvl:g}": requests_per_level(len(prompts), kind, lvl)
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
-               "boundary": summarize(closed), "scheduled": scheduled, "added_passes": added if not settings.url else None,
-               "decision_servers": lives if not settings.url else None,
-               "warnings": warnings_of(cells + ((scheduled or {}).get("cells") or []))
-               + ([f"the K schedule measured ({describe_schedule(scheduled['schedule'])}) is not the one the "
-                   f"decision cells' server lives give ("
-                   f"{describe_schedule(scheduled['after_lives']) if scheduled['after_lives'] else 'one static K'}); "
-                   "promotion exports the latter"] if (scheduled or {}).get("after_lives", 0) != 0
-                  else [])
-               + (late_schedule + failed_lives if not settings.url else [])
-               + ([f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain server "
-                   "beside each spec server): the decision cell was measured on one server life"]
-                  if settings.decision_servers and not settings.interleave and decide is not None and not settings.url
-                  else [])
-               + ([f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
-                   "exports a static K)"] if (scheduled or {}).get("error") else []), "logs": logs,
+               "boundary": summarize(closed), "scheduled": scheduled, "added_passes": ab and ab.added,
+               "decision_servers": ab and ab.lives, "warnings": ab_warnings(cells, scheduled, ab), "logs": logs,
                "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}
     serving["plots"] = plot_serving(serving, out)
     write_serving(out, serving)
     return serving
+
+
+def with_baselines(drafts: dict, settings: ServingSettings) -> dict:
+    """`drafts` and the training-free methods of serve.baselines (eval/settings.py training_free: "ngram" ->
+    its spec string), served as drafts are."""
+    free = training_free(settings.baselines, "serve.baselines")
+    clash = sorted(free.keys() & drafts.keys())
+    if clash:
+        raise ConfigError(f"the drafts to serve are named {clash}, which serve.baselines uses for a training-free "
+                          "method: rename the draft")
+    return {**drafts, **free}
+
+
+def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Launched"]) -> list[str]:
+    """serving.json's warnings: the cells' (warnings_of), the K schedule's, and those the launched A/B recorded
+    where they arose (server lives that failed, a schedule the lives brought)."""
+    out = warnings_of(cells + ((scheduled or {}).get("cells") or []))
+    if (scheduled or {}).get("after_lives", 0) != 0:
+        after = describe_schedule(scheduled["after_lives"]) if scheduled["after_lives"] else "one static K"
+        out.append(f"the K schedule measured ({describe_schedule(scheduled['schedule'])}) is not the one the decision "
+                   f"cells' server lives give ({after}); promotion exports the latter")
+    if ab is not None:
+        out += ab.late_schedule + ab.failed_lives
+        settings = ab.settings
+        if settings.decision_servers and not settings.interleave and ab.decide is not None:
+            out.append(f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain "
+                       "server beside each spec server): the decision cell was measured on one server life")
+    if (scheduled or {}).get("error"):
+        out.append(f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
+                   "exports a static K)")
+    return out
+
+
+class _Launched:
+    """The serving A/B on servers draftsmith launches: its state (the passes taken per proposer x K, the cells built
+    from them, the scheduled column, the passes added and the decision lives, the warnings) and the steps a server
+    topology (:data:`TOPOLOGIES`) orders — the main cells, the K schedule's column, the decision lives, the passes
+    added while a verdict is undecided (eval/policy.py)."""
+
+    def __init__(self, settings: ServingSettings, *, target: str, drafts: dict, k: list[int],
+                 prompts: list[list[int]], out: Path, dtype: str, reference, decide: Optional[Contract], device: str,
+                 log):
+        self.settings, self.target, self.drafts, self.k = settings, target, drafts, k
+        self.free = set(roles_of(drafts).free)  # prompt lookup: a level may find nothing to propose
+        self.prompts, self.out, self.dtype, self.reference, self.decide, self.log = (prompts, out, dtype, reference,
+                                                                                    decide, log)
+        self.device = device
+        self.at_once = k_at_once(settings, device, len(k))
+        self.memory = settings
+        if settings.interleave and device != "cpu" and settings.gpu_memory_utilization is None:  # all of them fit
+            self.memory = dataclasses.replace(settings, gpu_memory_utilization=round(
+                SERVERS_GPU_SHARE / (1 + self.at_once), 3))
+        self.logs: list[str] = []
+        self.cells: list[dict] = []
+        self.raw: dict = {}  # (name, K) -> (spec runs, plain runs)
+        self.plain_runs = None  # one server at a time: the plain passes every cell is compared with
+        self.plain_ready = lambda: None  # waits for the main plain server when it was started without waiting
+        self.scheduled: Optional[dict] = None
+        self.added: Optional[dict] = None
+        self.lives: Optional[dict] = None
+        self.failed_lives: list[str] = []  # server lives that would not start or serve (warnings)
+        self.late_schedule: list[str] = []  # a warning when the lives bring a K schedule the first passes did not
+
+    @property
+    def with_lives(self) -> bool:
+        """Whether the decision cells get more server lives (serve.decision_servers, beside a plain server each)."""
+        return self.settings.decision_servers > 0 and self.settings.interleave and self.decide is not None
+
+    def server(self, name: str, draft: Optional[str] = None, kk: Optional[int] = None,
+               schedule: Optional[list[list[int]]] = None) -> VllmServer:
+        spec = self.memory.spec(self.target, device=self.device, dtype=self.dtype, draft=draft, k=kk,
+                                schedule=schedule)
+        log_path = self.out / "serving_logs" / f"{name}.log"
+        self.logs.append(str(log_path.relative_to(self.out)))
+        self.log(f"draftsmith: serving: starting vLLM ({name}); log {log_path}")
+        return VllmServer(spec, log_path=log_path, startup_timeout_s=self.settings.startup_timeout_s)
+
+    def _drive(self, name: str, url: str, **kw):
+        return drive(url, self.prompts, self.settings, spec=True, log=self.log, lookup=name in self.free, **kw)
+
+    def measure(self, name: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
+        """One spec server's runs and the plain runs they are compared with."""
+        label = f"{_slug(name)}-k{kk}" if schedule is None else f"{_slug(name)}-scheduled"
+        with self.server(label, str(self.drafts[name]), kk, schedule) as srv:
+            if plain_url is not None:
+                self.plain_ready()  # the plain server started beside the first spec server: up by now, or waited for
+                return self._drive(name, srv.url, baseline_url=plain_url, server=f"{label}+plain")
+            return self._drive(name, srv.url, server=label), self.plain_runs
+
+    def measure_together(self, name: str, group: list[int], plain_url: str):
+        """The spec servers of `group` (K of one proposer) started together and driven beside the plain server:
+        [(spec runs, plain runs)] per K."""
+        labels = [f"{_slug(name)}-k{kk}" for kk in group]
+        with started_together(*[self.server(label, str(self.drafts[name]), kk)
+                                for label, kk in zip(labels, group)]) as servers:
+            self.plain_ready()  # the plain server started beside the first spec servers: up by now, or waited for
+            return drive_together([srv.url for srv in servers], plain_url, self.prompts, self.settings, log=self.log,
+                                  servers=[f"{label}+plain" for label in labels], lookup=name in self.free)
+
+    def fresh_passes(self, name: str, kk: int):
+        """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
+        runs: tuple = ({}, {})
+        for r in range(self.settings.repeats):
+            label = f"{_slug(name)}-k{kk}-pass{r + 1}"
+            pair = self.server(f"plain-{label}"), self.server(label, str(self.drafts[name]), kk)
+            with started_together(*pair) as (plain_srv, srv):  # the two start-ups overlap
+                runs = self._drive(name, srv.url, baseline_url=plain_srv.url, passes=1, into=runs, server=label)
+        return runs
+
+    def main_cells(self, plain_url: Optional[str]) -> None:
+        """Every proposer at every K and level: serve.repeats passes each."""
+        for name in self.drafts:
+            if self.settings.fresh_servers or plain_url is None:
+                runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
+                        for kk in self.k]
+            else:  # serve.k_at_once spec servers up at once beside the plain one
+                runs = [r for group in chunked(self.k, self.at_once)
+                        for r in self.measure_together(name, group, plain_url)]
+            for kk, (spec_runs, plain) in zip(self.k, runs):
+                self.raw[(name, kk)] = (spec_runs, plain)
+                self.cells += _cells(name, kk, spec_runs, plain, self.reference)
+
+    def _schedule_now(self) -> Optional[dict]:
+        return (schedule_to_measure(self.cells, self.drafts, self.k)
+                if self.decide is None or self.decide.schedule else None)
+
+    def measure_schedule(self, plain_url: Optional[str]) -> None:
+        """The configuration a promotion hands vLLM (the candidate's K per batch size), measured as one more column
+        when its best K differs by level."""
+        from draftsmith.serve.errors import VllmError
+
+        self.scheduled = scheduled = self._schedule_now()
+        if scheduled is None:
+            return
+        self.log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
+                 f"{describe_schedule(scheduled['schedule'])}")
+        try:
+            spec_runs, plain = self.measure(scheduled["draft"], None, scheduled["schedule"], plain_url=plain_url)
+        except VllmError as exc:  # e.g. a vLLM without num_speculative_tokens_per_batch_size
+            scheduled.update(cells=[], tracking=[], tracks=None, error=str(exc).splitlines()[0])
+            return
+        scheduled["cells"] = [{**c, "k": None, "column": "scheduled"}
+                              for c in _cells(scheduled["draft"], None, spec_runs, plain, self.reference)
+                              if c["concurrency"] is not None]
+        scheduled.update(track_schedule(self.cells, scheduled))
+
+    def retrack_schedule(self) -> None:
+        """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
+        scheduled = self.scheduled
+        if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
+            now = self._schedule_now()
+            if now is not None:
+                self.late_schedule.append(f"the decision cells' server lives give a K schedule "
+                                          f"({describe_schedule(now['schedule'])}) where the first passes gave one "
+                                          "static K: promotion exports it, not measured as a column")
+            return
+        if not scheduled.get("cells"):
+            return
+        scheduled.update(track_schedule(self.cells, scheduled))
+        now = schedule_to_measure(self.cells, self.drafts, self.k)
+        if now is None or now["schedule"] != scheduled["schedule"]:
+            scheduled["after_lives"] = now and now["schedule"]
+
+    def decision_concurrency(self) -> Optional[int]:
+        """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
+        levels = sorted({c["concurrency"] for c in self.cells if c["concurrency"] is not None})
+        return decision_level(levels, self.decide.concurrency)[0] if self.decide is not None and levels else None
+
+    def deciding(self, level: int) -> list[str]:
+        """The proposers whose figures at `level` a verdict is taken on: the candidate, production, and the fastest
+        training-free method when it pays there (eval/policy.py); the others' cells need no server lives."""
+        roles = roles_of(self.drafts)
+        rival_cell = rival(_Level(self.cells, level), roles) if roles.free else None
+        pays = rival_cell is not None and (_Level(self.cells, level).speedup(rival_cell) or 0.0) > 1.0
+        return [n for n in (roles.candidate, roles.production, rival_cell[0] if pays else None) if n]
+
+    def decision_lives(self) -> None:
+        """serve.decision_servers: at the decision level, each deciding proposer's chosen cell — and every K the
+        choice could go to on other measurements (serving_stats.contenders: indistinguishable after the first passes,
+        or an interval overlapping the fastest K's), so that the choice between them is not taken on one server life
+        — measured on that many more server lives (a newly started plain and spec server each, one pass), so that
+        their intervals hold what changes from one server start to the next."""
+        level = self.decision_concurrency()
+        if level is None or not self.settings.decision_servers:
+            return
+        self.lives = {"concurrency": level, "servers": self.settings.decision_servers, "cells": []}
+        for name in self.deciding(level):
+            mine = [c for c in self.cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
+            choice = best_k_per_concurrency(mine)[0] if mine else {}
+            chosen = choice.get("k") or choice.get("best_speedup_k")
+            if not chosen:
+                continue
+            tied = sorted({chosen, *contenders(mine)})
+            for i in range(self.settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
+                if len(tied) == 1:
+                    self.new_life(name, [chosen], level, [f"{_slug(name)}-k{chosen}-life{i + 2}"])
+                    continue
+                # one new plain server per life, beside new spec servers for the K (serve.k_at_once of them at
+                # once; the first ones start with it): one server start fewer per K after the first
+                plain_srv = self.server(f"plain-{_slug(name)}-life{i + 2}")
+                plain_srv.start()
+                try:
+                    for group in chunked(tied, self.at_once):
+                        self.new_life(name, group, level, [f"{_slug(name)}-k{kk}-life{i + 2}" for kk in group],
+                                      plain=plain_srv)
+                finally:
+                    plain_srv.stop()
+            for kk in tied:
+                loads = self.raw[(name, kk)][0][("concurrency", level)][0]
+                self.lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
+                                            "passes": len(loads), "chosen_before": kk == chosen, "contenders": tied})
+
+    def new_life(self, name: str, group: list[int], level: int, labels: list[str],
+                 plain: Optional[VllmServer] = None) -> bool:
+        """One pass of the cells (name, K) for K in `group` at `level` on newly started servers: a plain server and
+        one spec server per K (`labels`: theirs), the spec passes in turn beside one plain pass (`plain`: a plain
+        server of this life already started, beside which only the spec servers start); False when they would
+        not start or serve (said in serving.json's warnings: the cells keep the lives they have, and the
+        measurements already taken are not lost)."""
+        from draftsmith.serve.errors import VllmError
+
+        def one_pass(srvs: list[VllmServer], plain_srv: VllmServer):
+            return drive_together([srv.url for srv in srvs], plain_srv.url, self.prompts, self.settings,
+                                  levels=[("concurrency", level)], passes=1,
+                                  into=[self.raw[(name, kk)] for kk in group], servers=labels, log=self.log,
+                                  lookup=name in self.free)
+
+        plain_log = plain.log_path.name if plain is not None else f"plain-{labels[0]}.log"
+        specs = lambda: [self.server(label, str(self.drafts[name]), kk)  # noqa: E731
+                         for label, kk in zip(labels, group)]
+        try:
+            if plain is None:
+                with started_together(self.server(f"plain-{labels[0]}"), *specs()) as (plain_srv, *srvs):
+                    runs = one_pass(srvs, plain_srv)  # the start-ups overlapped
+            else:
+                with started_together(*specs()) as srvs:
+                    plain.wait_healthy()  # started beside the first spec servers: up by now, or waited for
+                    runs = one_pass(list(srvs), plain)
+        except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
+            logs_named = ", ".join(f"serving_logs/{n}" for n in [plain_log] + [f"{lab}.log" for lab in labels])
+            self.failed_lives.append(f"server life {', '.join(labels)} failed: {str(exc).splitlines()[0]} (its logs: "
+                                     f"{logs_named}); the cell{'s' if len(group) > 1 else ''} kept the lives "
+                                     f"{'they' if len(group) > 1 else 'it'} had")
+            self.log(f"draftsmith: serving: {self.failed_lives[-1]}")
+            return False
+        for kk, (spec_runs, plain_runs_k) in zip(group, runs):
+            self.remeasured(name, kk, spec_runs, plain_runs_k)
+        return True
+
+    def remeasured(self, name: str, kk: int, spec_runs, plain) -> None:
+        """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
+        self.raw[(name, kk)] = (spec_runs, plain)
+        self.cells = [c for c in self.cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
+            name, kk, spec_runs, plain, self.reference)
+
+    def more_passes(self, plain_url: Optional[str]) -> None:
+        """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided
+        (eval/policy.py, through :func:`undecided_serving`): each on a new server life when serve.decision_servers
+        > 0 (passes inside one life cannot narrow the spread between lives), else on one more spec server beside
+        the plain one."""
+        settings, level = self.settings, self.decision_concurrency()
+        if level is None or settings.max_repeats <= settings.repeats:
+            return
+        self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
+
+        def open_(cell) -> bool:
+            return cell in undecided_serving(self.cells, self.drafts, level, self.decide)
+
+        for name, kk in undecided_serving(self.cells, self.drafts, level, self.decide):
+            if not open_((name, kk)):
+                continue  # settled by the passes another cell took (a difference between two cells)
+            taken = 0
+
+            def more() -> bool:
+                passes = len(self.raw[(name, kk)][0][("concurrency", level)][0])
+                return open_((name, kk)) and passes < settings.max_repeats
+
+            if settings.decision_servers:
+                while more():
+                    if not self.new_life(name, [kk], level, [f"{_slug(name)}-k{kk}-more{taken + 1}"]):
+                        break  # a pair that would not start: no more tries for this cell
+                    taken += 1
+            elif more():  # the budget may already be spent: no server started for nothing
+                label = f"{_slug(name)}-k{kk}-more"
+                with self.server(label, str(self.drafts[name]), kk) as srv:
+                    while more():
+                        spec_runs, plain = self._drive(name, srv.url, baseline_url=plain_url,
+                                                       levels=[("concurrency", level)], passes=1,
+                                                       into=self.raw[(name, kk)], warmup=taken == 0,
+                                                       server=f"{label}+plain")
+                        taken += 1
+                        self.remeasured(name, kk, spec_runs, plain)
+            self.added["cells"].append({"draft": name, "k": kk, "added": taken,
+                                        "passes": len(self.raw[(name, kk)][0][("concurrency", level)][0]),
+                                        "decided": not open_((name, kk))})
+
+
+# The server topologies: in which order, and beside which plain server, the steps run. At most 1 + serve.k_at_once
+# servers are up at any time (on a GPU each takes its share of the memory): the decision lives start their own, so
+# they run after the main plain server has stopped (the scheduled column is measured beside it first, as the cells
+# it is compared with), and the passes added then are new lives.
+def interleaved_topology(ab: _Launched) -> None:
+    """serve.interleave: the plain server stays up beside the spec servers, their passes side by side in time."""
+    plain_srv = ab.server("plain")
+    plain_srv.start()  # not waited for here: it comes up while the first spec server does
+    try:
+        ab.plain_ready = plain_srv.wait_healthy
+        ab.main_cells(plain_srv.url)
+        if not ab.with_lives:
+            ab.more_passes(plain_srv.url)
+        ab.measure_schedule(plain_srv.url)
+    finally:
+        plain_srv.stop()
+    if ab.with_lives:
+        ab.decision_lives()
+        ab.more_passes(None)
+        ab.retrack_schedule()
+
+
+def fresh_topology(ab: _Launched) -> None:
+    """serve.fresh_servers: the main cells start their own plain and spec servers for every pass."""
+    ab.main_cells(None)
+    if ab.with_lives:
+        ab.decision_lives()
+        ab.more_passes(None)
+    with ab.server("plain") as plain_srv:
+        if not ab.with_lives:
+            ab.more_passes(plain_srv.url)
+        ab.measure_schedule(plain_srv.url)
+
+
+def one_at_a_time_topology(ab: _Launched) -> None:
+    """serve.interleave=false: one server at a time, the plain passes first, shared by every cell."""
+    with ab.server("plain") as srv:
+        ab.plain_runs = drive(srv.url, ab.prompts, ab.settings, spec=False, log=ab.log)
+    ab.main_cells(None)
+    ab.measure_schedule(None)
+
+
+TOPOLOGIES = {"fresh": fresh_topology, "interleaved": interleaved_topology, "one at a time": one_at_a_time_topology}
+
+
+def topology(settings: ServingSettings) -> str:
+    """Which of :data:`TOPOLOGIES` the settings ask for."""
+    return "fresh" if settings.fresh_servers else "interleaved" if settings.interleave else "one at a time"
 
 
 class _Level:
