@@ -253,8 +253,8 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
     With `settings.url` / `settings.baseline_url` nothing is launched: the cells are labelled with the
     only draft name given (else "served") and the K read from the server's per-position counters.
     """
-    if settings.engine != "vllm":
-        raise ConfigError(f"serve.engine={settings.engine!r}: set serve.engine=vllm to run the serving A/B")
+    if settings.engine == "none":
+        raise ConfigError("serve.engine='none': set serve.engine=vllm (or auto) to run the serving A/B")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [list(map(int, p)) for p in prompts[:settings.max_prompts]]

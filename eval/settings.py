@@ -120,15 +120,19 @@ class ServingSettings(ServerSettings):
 
     KEY: ClassVar[str] = "serve"
 
-    engine: str = "none"  # none (no serving A/B) | vllm | auto (vllm when serve.python imports it, else none)
-    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])  # closed-loop clients, one cell each
-    drafts: list[str] = field(default_factory=list)  # which of the eval's drafts to serve (trained, base,
-    # production, candidate = trained else base); [] = all of them. Each is one vLLM server per K: minutes on a CPU
+    engine: str = "auto"  # auto (vllm when serve.python imports it: default .venv-vllm/bin/python, else this
+    # interpreter; else none, said in the summary) | vllm (required) | none (no serving A/B)
+    concurrency: list[int] = field(default_factory=lambda: [1, 8])  # closed-loop clients, one cell each
+    drafts: list[str] = field(default_factory=lambda: ["candidate"])  # which of the eval's drafts to serve
+    # (trained, base, production, candidate = the one promotion decides on, trained else base, with the production
+    # draft beside it when the eval measured one: the champion gate); [] = all of them. Each is one vLLM server per
+    # K: minutes on a CPU; the base draft is measured at batch 1
     k: list[int] = field(default_factory=list)  # the K of the spec servers; [] = eval.k
     request_rate: list[float] = field(default_factory=list)  # open-loop Poisson arrivals (requests/s); [] = none
     max_tokens: int = 64  # output tokens per request
     ignore_eos: bool = True  # every request produces exactly max_tokens tokens
-    max_prompts: int = 32  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests
+    max_prompts: int = 16  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests (16: the
+    # decision cell's three server lives keep the demo under 15 minutes)
     warmup: int = 2  # unrecorded requests after each server start
     repeats: int = 2  # passes over every level per server (the interval resamples passes, then requests)
     max_repeats: int = 5  # passes a decision cell may reach at the serving concurrency while its verdict is undecided

@@ -151,7 +151,7 @@ def test_the_eval_stage_runs_an_eagle_head_beside_a_draft_model(setup, trained):
     metrics = run_eval(EvalConfig(target=str(setup / "target"),
                                   drafts={"eagle": str(trained[0] / "draft"), "draft": str(setup / "draft")},
                                   data_dir=str(setup / "data"), out_dir=str(out), k=[1, 2], temperature=[0.0, 0.8],
-                                  max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True))
+                                  max_new_tokens=12, max_prompts=4, cost_repeats=2, hf_ab=True, baselines=[]))
     records = {(r["draft"], r["k"], r["temperature"]): r for r in metrics["records"]}
     assert len(records) == 8
     for (name, k, temperature), rec in records.items():

@@ -395,7 +395,7 @@ def test_the_pipeline_runs_on_a_gguf_target_with_a_layer_draft(gguf_pair, tmp_pa
     out = tmp_path / "run"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stages"] == {s: "ran" for s in ("datagen", "train", "eval", "promote")}
-    assert set(summary["drafts"]) == {"trained", "base"}
+    assert set(summary["drafts"]) == {"trained", "base", "ngram"}  # ngram: eval.baselines' default
     assert all(d["greedy_match"] == 1.0 for d in summary["drafts"].values())
     (target_dir,) = cache.glob("gguf-target-*")
     (draft_dir,) = cache.glob("layer-draft-*-1")
@@ -420,7 +420,7 @@ def test_eval_alone_from_data_prompts_on_a_gguf_target_with_a_layer_draft(gguf_p
     out = tmp_path / "run"
     assert not (out / "datagen").exists() and not (out / "train").exists()
     metrics = json.loads((out / "eval/metrics.json").read_text())
-    assert set(metrics["summary"]) == {"base"} and metrics["prompts"] == 3
+    assert set(metrics["summary"]) == {"base", "ngram"} and metrics["prompts"] == 3
     assert metrics["summary"]["base"]["greedy_match"] == 1.0
 
 
@@ -461,5 +461,5 @@ def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, b
     assert is_eagle_dir(out / "train" / "draft")
     assert not list((tmp_path / "cache").glob("layer-draft-*"))  # no draft model is cut for a head
     summary = json.loads((out / "eval" / "metrics.json").read_text())["summary"]
-    assert list(summary) == ["trained"] and summary["trained"]["greedy_match"] == 1.0
+    assert list(summary) == ["trained", "ngram"] and summary["trained"]["greedy_match"] == 1.0
     assert summary["trained"]["backend"] == {"target": "lean", "draft": "eagle"}

@@ -122,4 +122,5 @@ def test_ab_needs_engine_vllm(tmp_path):
     from draftsmith.artifacts.errors import ConfigError
 
     with pytest.raises(ConfigError, match="serve.engine=vllm"):
-        run_serving_ab(ServingSettings(), target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS, out_dir=tmp_path)
+        run_serving_ab(ServingSettings(engine="none"), target="t", drafts={"d": "x"}, k=[2], prompts=PROMPTS,
+                       out_dir=tmp_path)

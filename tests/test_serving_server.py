@@ -184,16 +184,19 @@ def test_ctrl_c_while_waiting_for_health_stops_the_server(fake, tmp_path, monkey
     assert all_gone(tmp_path / "pids")
 
 
-@pytest.mark.parametrize("mode", ["child", "hang"])
-def test_a_server_dies_with_the_process_that_started_it_even_under_kill_9(fake, tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize("mode, speculation", [("child", ""), ("hang", ""), ("hang", ", draft='ngram:2-4', k=2")],
+                         ids=["child", "hang", "ngram-lookup-server"])
+def test_a_server_dies_with_the_process_that_started_it_even_under_kill_9(fake, tmp_path, monkeypatch, mode,
+                                                                          speculation):
     """SIGKILL (an OOM killer, a CI timeout, a preempted job) gives the parent no chance to stop its server: the
-    guard sees its lifeline close and stops the group (the fake ignores SIGTERM, so SIGKILL after the grace)."""
+    guard sees its lifeline close and stops the group (the fake ignores SIGTERM, so SIGKILL after the grace). The
+    servers of serve.baselines (prompt lookup, no draft model) are started the same way and die the same way."""
     monkeypatch.setenv("FAKE_VLLM_MODE", mode)
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
         "from draftsmith.serve.server import ServerSpec, VllmServer\n"
-        f"spec = ServerSpec(model='/models/target', python={str(fake)!r})\n"
+        f"spec = ServerSpec(model='/models/target', python={str(fake)!r}{speculation})\n"
         f"server = VllmServer(spec, log_path={str(tmp_path / 'server.log')!r}, startup_timeout_s=30, stop_timeout_s=1)\n"
         "server.start()\n"  # no health wait: "hang" never answers
         "print('started', flush=True)\n"

@@ -233,9 +233,15 @@ def test_serving_settings_name_the_key(kwargs, key):
         ServingSettings(**kwargs)
 
 
-def test_serving_settings_defaults_leave_eval_as_today():
+def test_serving_settings_defaults_are_the_command_lines():
+    """One declaration, one default: the Python API's ServingSettings() is what `draftsmith` composes."""
+    from dataclasses import asdict
+
+    from test_config import built
+
     s = ServingSettings()
-    assert s.engine == "none" and s.concurrency == [1, 4, 16] and s.request_rate == []
+    assert s.engine == "auto" and s.concurrency == [1, 8] and s.drafts == ["candidate"] and s.request_rate == []
+    assert asdict(built().serve) == asdict(s)
 
 
 # -- the scheduled column (eval/serving.py) -------------------------------------------------------------
