@@ -492,9 +492,9 @@ def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: in
         finished = max_new_tokens == 1 or _first_eos(buf[0, n - 1 : n], eos) >= 0
 
     while not finished:  # round start: the target cache holds n-1 positions
+        round_start = time.perf_counter() if timed else 0.0  # the proposer's plan (a lookup) is the round's too
         k_r = dft.plan(buf, n, min(k, n_prompt + max_new_tokens - n - 1))  # step 1
         q_rows = []
-        round_start = time.perf_counter() if timed else 0.0
         for i in range(k_r):  # step 2: one draft out per step
             logits = dft.step(buf, n, i)  # [V]
             if greedy:

@@ -11,7 +11,8 @@ A proposal is deterministic: as a draft distribution it is one-hot (q(d) = 1), s
 the target's distribution exactly (accept with probability p(d), else resample from p with d taken out).
 
 A training-free proposer stands where a draft's folder would, as a spec string ``ngram:MIN-MAX`` (``ngram``
-alone: :data:`DEFAULT`): the pipeline's drafts mapping, serving.json and the registry carry it as text.
+alone: :data:`DEFAULT`): ``eval.baselines`` / ``serve.baselines`` list them, and serving.json's ``drafts`` (and
+a registry version's copy of it) carries each beside the drafts' folders, as text.
 """
 
 from __future__ import annotations

@@ -183,8 +183,16 @@ def _free_names(drafts: dict) -> list[str]:
 
 
 def _best_free(rivals: list[dict]) -> dict | None:
-    """The fastest of the training-free methods' figures (one that pays before one that does not)."""
-    return max(rivals, key=lambda f: (bool(f["best_k"]), f["speedup"] or 0.0), default=None)
+    """The fastest of the training-free methods' figures (one that may pay before one that surely does not)."""
+    return max(rivals, key=lambda f: (f["pays"], f["speedup"] or 0.0), default=None)
+
+
+def _may_pay(ci) -> bool:
+    """A method is a rival unless its speedup's interval is wholly at or below 1 (a point estimate <= 1 on one
+    lucky pass does not excuse the draft from the comparison)."""
+    from draftsmith.eval.intervals import BELOW, verdict
+
+    return verdict(ci, 1.0) != BELOW
 
 
 def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
@@ -197,12 +205,12 @@ def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
         summary = metrics.summary.get(free)
         if summary is None:
             continue
-        k = summary["best_k"] if summary["speedup"] and summary["speedup"] > 1.0 else 0
+        pays = _may_pay(summary.get("speedup_ci95"))
         a = _timed_units(metrics.record(name, candidate["best_k"], candidate.get("temperature")))
         b = _timed_units(metrics.record(free, summary["best_k"], summary.get("temperature")))
-        rivals.append({"name": free, "best_k": k, "speedup": summary["speedup"],
+        rivals.append({"name": free, "best_k": summary["best_k"], "pays": pays, "speedup": summary["speedup"],
                        "speedup_ci95": summary.get("speedup_ci95"),
-                       "difference_ci95": difference_ci(a, b) if a and b and k else None})
+                       "difference_ci95": difference_ci(a, b) if a and b and pays else None})
     return _best_free(rivals)
 
 
@@ -214,12 +222,14 @@ def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int)
         at = _at_level(serving.cells_of(free), level)
         if at is None:
             continue
+        k = at["best_k"] or at["choice"]["best_speedup_k"]  # "off" at this level: its fastest K, if it may pay
+        pays = bool(k) and _may_pay(at["choice"]["best_speedup_ci95"])
         mine = serving.cell(name, level, candidate["best_k"]) if candidate["best_k"] else None
-        theirs = serving.cell(free, level, at["best_k"]) if at["best_k"] else None
+        theirs = serving.cell(free, level, k) if k else None
         paired = mine and theirs and mine.get("timings") and theirs.get("timings")
-        rivals.append({"name": free, "best_k": at["best_k"], "speedup": at["choice"]["best_speedup"],
+        rivals.append({"name": free, "best_k": k, "pays": pays, "speedup": at["choice"]["best_speedup"],
                        "speedup_ci95": at["choice"]["best_speedup_ci95"],
-                       "difference_ci95": cell_difference_ci(mine, theirs) if paired else None})
+                       "difference_ci95": cell_difference_ci(mine, theirs) if paired and pays else None})
     return _best_free(rivals)
 
 
@@ -347,7 +357,8 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
 # servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
 # and those that change how precisely a cell is measured or what is summarised from it, not what it measures
 _UNCOMPARED_SETTINGS = ("concurrency", "request_rate", "repeats", "max_repeats", "interleave", "fresh_servers",
-                        "decision_servers", "slo_tpot_ms",
+                        "decision_servers", "slo_tpot_ms", "baselines", "engine",  # what is served beside a draft,
+                        # and auto vs vllm, do not change the draft's own cells
                         "slo_ttft_ms", *where_settings(ServingSettings))
 
 

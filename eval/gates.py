@@ -53,9 +53,9 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
             by side in this run (eval/intervals.py difference_ci); None: the champion's figure is a recorded one,
             and the candidate's own interval is compared with champion speedup + margin.
         free: the best training-free method measured beside the candidate on the same basis (n-gram prompt lookup:
-            eval.baselines / serve.baselines), {"name", "best_k" (0: it does not pay there), "speedup",
-            "speedup_ci95", "difference_ci95" (candidate - it, paired; None when it does not pay or has no
-            timings)}, or None (none measured): the "training_free" gate asks whether the draft beats it by more
+            eval.baselines / serve.baselines), {"name", "best_k", "pays" (False: its speedup's interval is wholly
+            at or below 1 there), "speedup", "speedup_ci95", "difference_ci95" (candidate - it, paired; None when it
+            does not pay or has no timings)}, or None (none measured): the "training_free" gate asks whether the draft beats it by more
             than ``free_margin`` on the interval of their difference, so that "no draft needed" is an answer.
 
     Each gate passes, fails or is unsure. The speedup gate passes when the interval's lower bound reaches
@@ -166,11 +166,11 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
 def free_check(candidate: dict, free: dict, margin: float, more: str = "") -> tuple[str, str]:
     """(result, reason) of the training-free gate: the candidate's speedup minus the best training-free method's,
     on the interval of their paired difference (``free["difference_ci95"]``), against `margin`. A method that does
-    not pay where the decision is taken (``best_k`` 0) is no rival: the speedup gate already asks for more than
-    speculation off."""
+    not pay where the decision is taken (``pays`` False: its interval wholly at or below 1) is no rival: the speedup
+    gate already asks for more than speculation off."""
     name, k = free["name"], free.get("best_k")
     theirs = format_ci(free["speedup"], free.get("speedup_ci95"))
-    if not k:
+    if not free.get("pays", bool(k)):
         return PASS, f"{name} does not pay here ({theirs} at its best K): nothing free to beat"
     mine = format_ci(candidate["speedup"], candidate.get("speedup_ci95"))
     diff = free.get("difference_ci95")

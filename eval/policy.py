@@ -10,8 +10,9 @@ cells could still change the promotion's answer? Those are, among the cells of t
   interval straddles, or has none against, a bar of ``at`` (the promote gate's ``min_speedup``);
 - the candidate's and production's chosen cells when the interval of their paired difference straddles
   ``margin`` (the champion gate);
-- the candidate's and the fastest training-free method's chosen cells when that method pays (its chosen speedup
-  above 1) and the interval of their difference straddles ``free_margin`` (the training-free gate).
+- the candidate's and the fastest training-free method's chosen cells when that method may pay (its speedup's
+  interval not wholly at or below 1) and the interval of their difference straddles ``free_margin`` (the
+  training-free gate).
 
 The engines differ only in how they read their cells — the K rule, a cell's interval and the paired difference of
 two cells — which each hands the policy as a :class:`View`; how many passes a cell may take, and what one costs
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from draftsmith.eval.intervals import STRADDLES, UNKNOWN, verdict
+from draftsmith.eval.intervals import BELOW, STRADDLES, UNKNOWN, verdict
 
 Cell = tuple[str, int]  # (proposer name, K)
 
@@ -84,6 +85,11 @@ def _open(ci: Optional[list[float]], bar: float) -> bool:
     return verdict(ci, bar) in (STRADDLES, UNKNOWN)
 
 
+def may_pay(view: View, cell: Cell) -> bool:
+    """Whether a training-free method's cell is a rival: unless its speedup's interval is wholly at or below 1."""
+    return verdict(view.interval(cell), 1.0) != BELOW
+
+
 def rival(view: View, roles: Roles) -> Optional[Cell]:
     """The fastest training-free method's chosen cell, or None (none measured)."""
     best = None
@@ -117,7 +123,6 @@ def unsettled(view: View, roles: Roles, contract: Contract) -> list[Cell]:
         if _open(view.difference(mine, theirs), contract.margin):
             todo += [mine, theirs]
     free = rival(view, roles) if contract.free_margin is not None and mine else None
-    if free is not None and (view.speedup(free) or 0.0) > 1.0 and _open(view.difference(mine, free),
-                                                                       contract.free_margin):
+    if free is not None and may_pay(view, free) and _open(view.difference(mine, free), contract.free_margin):
         todo += [mine, free]
     return list(dict.fromkeys(todo))

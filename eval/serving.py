@@ -9,8 +9,9 @@ the spec-decode counters are read from ``/metrics`` before and after every level
 level runs on both back to back (order alternating), so each cell's on/off figures were measured side
 by side in time. When the candidate draft's best K differs by concurrency, one more server serves the
 measured batch-size K schedule (serve/schedule.py, the form a promoted version hands vLLM) at every
-level: the ``scheduled`` column. Before a decision is taken on them, each draft's chosen cell at the
-decision level is measured on ``serve.decision_servers`` more server lives (a newly started plain and
+level: the ``scheduled`` column. Before a decision is taken on them, the chosen cells at the decision level
+of the proposers a verdict is taken on (the candidate, production, the fastest training-free method of
+``serve.baselines`` unless it surely does not pay) are measured on ``serve.decision_servers`` more server lives (a newly started plain and
 spec server each, one pass): a server start moves a cell's figures by more than passes inside one
 life show, and with three lives or more their spread enters the cell's interval
 (eval/serving_stats.py ``speedup_interval``). Servers the user runs elsewhere can be given instead
@@ -56,7 +57,7 @@ from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
-from draftsmith.eval.policy import Contract, Roles, rival, unsettled
+from draftsmith.eval.policy import Contract, Roles, may_pay, rival, unsettled
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
@@ -457,10 +458,10 @@ class _Launched:
 
     def deciding(self, level: int) -> list[str]:
         """The proposers whose figures at `level` a verdict is taken on: the candidate, production, and the fastest
-        training-free method when it pays there (eval/policy.py); the others' cells need no server lives."""
-        roles = roles_of(self.drafts)
-        rival_cell = rival(_Level(self.cells, level), roles) if roles.free else None
-        pays = rival_cell is not None and (_Level(self.cells, level).speedup(rival_cell) or 0.0) > 1.0
+        training-free method when it may pay there (eval/policy.py); the others' cells need no server lives."""
+        roles, view = roles_of(self.drafts), _Level(self.cells, level)
+        rival_cell = rival(view, roles) if roles.free else None
+        pays = rival_cell is not None and may_pay(view, rival_cell)
         return [n for n in (roles.candidate, roles.production, rival_cell[0] if pays else None) if n]
 
     def decision_lives(self) -> None:

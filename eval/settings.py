@@ -150,8 +150,9 @@ class ServingSettings(ServerSettings):
     fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
     # that the interval also sees what changes from one server start to the next (BENCHMARKS.md: 10-20% on a CPU);
     # costs two server starts per pass
-    decision_servers: int = 2  # more server lives (a new plain and spec server each, one pass) for each draft's chosen
-    # cell at the decision level (promote.serving_concurrency) and every K the choice could go to after the first
+    decision_servers: int = 2  # more server lives (a new plain and spec server each, one pass) for the chosen cell at
+    # the decision level of each proposer a verdict is taken on (the candidate, production, the fastest
+    # training-free method unless it surely does not pay) (promote.serving_concurrency) and every K the choice could go to after the first
     # passes (eval/serving_stats.py contenders), so that their intervals, and the choice of K, hold the server-to-server spread (three lives or more:
     # eval/serving_stats.py); 0: the decision cells' passes all run on one server pair
     slo_tpot_ms: Optional[float] = None  # p95 TPOT target: the capacity at it (eval/capacity.py) in serving.json

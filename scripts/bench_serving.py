@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "own loop is measured for the other drafts only")
     ap.add_argument("--heldout", help="a datagen output: serve its held-out prompts (the pipeline's serve stage's) "
                     "instead of the demo's text prompts")
+    ap.add_argument("--baselines", nargs="*", default=[],
+                    help="training-free methods served beside the drafts (serve.baselines: ngram, ngram:MIN-MAX); "
+                         "none by default, so that figures compare with earlier runs of this script")
     ap.add_argument("--no-own-loop", action="store_true",
                     help="skip timing draftsmith's loop (its plain greedy outputs are still the reference)")
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
@@ -152,7 +155,7 @@ def main(argv=None) -> dict:
     own, reference = own_loop(target_model, loop_drafts, prompts, args.k, args.max_tokens, timed=not args.no_own_loop)
     del target_model, loop_drafts
     settings = ServingSettings(engine="vllm", concurrency=list(args.concurrency), max_tokens=args.max_tokens,
-                               max_prompts=args.prompts, python=args.python)
+                               max_prompts=args.prompts, python=args.python, baselines=list(args.baselines))
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-serving-"))
     runs = []
     for repeat in range(args.repeats):

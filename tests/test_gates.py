@@ -113,7 +113,8 @@ def test_the_training_free_gate_on_the_paired_difference():
     assert d["decision"] == INCONCLUSIVE and "straddles 0.0" in d["reasons"][0]
     # the margin moves the bar: a gain of [0.1, 0.3] does not clear a margin of 0.2 for sure
     assert decide(GOOD, Gates(free_margin=0.2), free=NGRAM | {"difference_ci95": [0.1, 0.3]})["decision"] == INCONCLUSIVE
-    d = decide(GOOD, Gates(), free=NGRAM | {"best_k": 0, "speedup": 0.9, "difference_ci95": None})
+    d = decide(GOOD, Gates(), free=NGRAM | {"pays": False, "speedup": 0.9, "speedup_ci95": [0.8, 0.97],
+                                           "difference_ci95": None})
     assert d["decision"] == PROMOTED
     assert "does not pay here" in next(c["reason"] for c in d["checks"] if c["gate"] == "training_free")
     # without paired timings, the candidate's own interval against the method's figure

@@ -72,10 +72,13 @@ def test_the_training_free_difference_against_the_fastest_method_that_pays():
     assert unsettled(view, roles, free) == [("trained", 2), ("ngram", 3)]
     view.differences[(("trained", 2), ("ngram", 3))] = [0.05, 0.3]
     assert unsettled(view, roles, free) == []
-    # a method that does not pay here is no rival: nothing to settle against it
-    slow = Hand({"trained": (2, [2]), "ngram": (3, [3])}, {("trained", 2): (1.5, [1.3, 1.7]), ("ngram", 3): (0.95, [0.8, 1.1])},
+    # a method that surely does not pay here (its interval wholly below 1) is no rival: nothing to settle against it
+    slow = Hand({"trained": (2, [2]), "ngram": (3, [3])}, {("trained", 2): (1.5, [1.3, 1.7]), ("ngram", 3): (0.95, [0.8, 0.98])},
                 {(("trained", 2), ("ngram", 3)): [-0.1, 0.9]})
     assert unsettled(slow, Roles("trained", free=("ngram",)), free) == []
+    # but one whose point reads below 1 on an interval that reaches above it still is (no lucky pass excuses)
+    slow.cells[("ngram", 3)] = (0.95, [0.8, 1.1])
+    assert unsettled(slow, Roles("trained", free=("ngram",)), free) == [("trained", 2), ("ngram", 3)]
 
 
 def test_the_contract_from_promote_settings():

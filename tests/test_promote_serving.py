@@ -298,3 +298,23 @@ def test_a_serving_json_from_before_intervals_is_still_comparable():
     assert _setting_differences({**now, "settings": old_settings}, now) == []
     other = {**now, "settings": {**now["settings"], "max_tokens": 128}}
     assert _setting_differences(other, now) == ["serve.max_tokens"]
+
+
+def test_prompt_lookup_served_beside_the_draft_decides_whether_training_paid(job):
+    """serve.baselines: n-gram lookup's cells in serving.json (its value a spec string, not a folder). Where lookup
+    is faster at the serving concurrency the draft is refused, saying what to serve; where the draft is faster it
+    is promoted; promotion.json names the method either way."""
+    drafts = {"trained": job["draft"], "ngram": "ngram:2-4"}
+    lookup = {(2, 1): 1.5, (4, 1): 1.6, (2, 4): 1.6, (4, 4): 1.5, (2, 16): 0.9, (4, 16): 0.85}
+    fake_serving(job["out"], drafts, {"trained": TABLE, "ngram": lookup})
+    record = promote(at(4), job["out"], job["reg"])  # the draft: 1.3x at K=2; lookup 1.6x at K=2
+    assert record["decision"] == "refused" and record["training_free"]["name"] == "ngram"
+    assert record["reasons"][0].startswith("serve ngram with K=2: 1.60x")
+    assert "adds nothing measurable over speculation that needs no training" in record["reasons"][0]
+    assert job["reg"].find("demo", "production") is None
+    record = promote(at(16), job["out"], job["reg"])  # the draft pays for no K there: refused before any rival
+    assert not record["promote"] and not any(c["gate"] == "training_free" for c in record["checks"])
+    record = promote(at(1), job["out"], job["reg"])  # the draft: 2.6x at K=4; lookup at most 1.6x
+    assert record["promote"] and record["training_free"]["best_k"] == 4
+    gate = next(c for c in record["checks"] if c["gate"] == "training_free")
+    assert gate["result"] == "pass" and "beats ngram (K=4" in gate["reason"]
