@@ -33,7 +33,7 @@ COVERED = {
     "'transformers==5.0.0' && OMP_NUM_THREADS=1 python -m pytest tests/test_transformers_compat.py "
     "tests/test_greedy_equivalence.py "
     "tests/test_loop_stubs.py tests/test_lean.py tests/test_sampling_distribution.py tests/test_pair.py tests/test_draft_vocab.py tests/test_eagle.py "
-    "tests/test_eagle3.py -q":
+    "tests/test_eagle3.py tests/test_ngram.py -q":
         ".ci/run (tests/test_transformers_compat.py::test_ci_tests_the_lowest_declared_transformers checks that it "
         "pins pyproject.toml's lower bound)",
     # -- README.md: the demo run again
