@@ -48,6 +48,7 @@ from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, target_mismatch
 from draftsmith.eval.gates import PROMOTED, REFUSED, decide
+from draftsmith.eval.policy import Roles
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
@@ -175,13 +176,6 @@ def _eval_difference(metrics: EvalMetrics, name: str, candidate: dict, champion:
     return difference_ci(a, b) if a and b else None
 
 
-def _free_names(drafts: dict) -> list[str]:
-    """The training-free methods among a table's drafts (their value a spec string, decode/ngram.py)."""
-    from draftsmith.decode.ngram import is_ngram_spec
-
-    return [n for n, spec in drafts.items() if is_ngram_spec(spec)]
-
-
 def _best_free(rivals: list[dict]) -> dict | None:
     """The fastest of the training-free methods' figures (one that may pay before one that surely does not)."""
     return max(rivals, key=lambda f: (f["pays"], f["speedup"] or 0.0), default=None)
@@ -218,7 +212,7 @@ def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int)
     """The best training-free method served beside the candidate (serve.baselines) at the decision concurrency,
     with the paired interval of candidate - it (eval/serving_stats.py cell_difference_ci: the lives' spread held)."""
     rivals = []
-    for free in _free_names(serving.doc.get("drafts") or {}):
+    for free in Roles.of(serving.doc.get("drafts") or {}).free:
         at = _at_level(serving.cells_of(free), level)
         if at is None:
             continue

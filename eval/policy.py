@@ -80,6 +80,16 @@ class Roles:
     production: Optional[str] = None  # the registry's production draft, measured beside it
     free: tuple[str, ...] = ()  # the training-free methods measured beside it
 
+    @classmethod
+    def of(cls, proposers: dict) -> "Roles":
+        """The roles among `proposers` (name -> a draft's folder, or a training-free method's spec string,
+        decode/ngram.py): the candidate is eval/settings.py candidate_name's, production is "production"."""
+        from draftsmith.decode.ngram import is_ngram_spec
+        from draftsmith.eval.settings import candidate_name
+
+        return cls(candidate=candidate_name(proposers), production="production" if "production" in proposers else None,
+                   free=tuple(n for n, spec in proposers.items() if is_ngram_spec(str(spec))))
+
 
 def _open(ci: Optional[list[float]], bar: float) -> bool:
     return verdict(ci, bar) in (STRADDLES, UNKNOWN)

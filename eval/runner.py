@@ -46,7 +46,7 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
-from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name, training_free
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, training_free
 from draftsmith.eval.intervals import Units, choose_k, difference_ci, units_from_passes
 from draftsmith.eval.policy import Contract, Roles, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
@@ -344,19 +344,14 @@ class _Pass:
         return difference_ci(self.cells[a].units(), self.cells[b].units())
 
 
-def roles(drafts, baselines) -> Roles:
-    """Who plays which part among the eval's proposers (eval/policy.py Roles)."""
-    return Roles(candidate=candidate_name(drafts), production="production" if "production" in drafts else None,
-                 free=tuple(training_free(baselines, "eval.baselines")))
-
-
 def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
     """The cells whose verdict more repeats could still settle (eval/policy.py unsettled, at the lowest
     temperature; empty without a bar in ``cfg.decide``)."""
     if cfg.decide is None:
         return []
     view = _Pass(cells, min(cfg.temperature), cfg.decide.at)
-    return [view.cells[c] for c in unsettled(view, roles(cfg.drafts, cfg.baselines), cfg.decide)]
+    roles = Roles.of({**cfg.drafts, **training_free(cfg.baselines, "eval.baselines")})
+    return [view.cells[c] for c in unsettled(view, roles, cfg.decide)]
 
 
 def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, clock=time.monotonic) -> dict:

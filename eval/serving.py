@@ -331,7 +331,7 @@ class _Launched:
                  prompts: list[list[int]], out: Path, dtype: str, reference, decide: Optional[Contract], device: str,
                  log):
         self.settings, self.target, self.drafts, self.k = settings, target, drafts, k
-        self.free = set(roles_of(drafts).free)  # prompt lookup: a level may find nothing to propose
+        self.free = set(Roles.of(drafts).free)  # prompt lookup: a level may find nothing to propose
         self.prompts, self.out, self.dtype, self.reference, self.decide, self.log = (prompts, out, dtype, reference,
                                                                                     decide, log)
         self.device = device
@@ -459,7 +459,7 @@ class _Launched:
     def deciding(self, level: int) -> list[str]:
         """The proposers whose figures at `level` a verdict is taken on: the candidate, production, and the fastest
         training-free method when it may pay there (eval/policy.py); the others' cells need no server lives."""
-        roles, view = roles_of(self.drafts), _Level(self.cells, level)
+        roles, view = Roles.of(self.drafts), _Level(self.cells, level)
         rival_cell = rival(view, roles) if roles.free else None
         pays = rival_cell is not None and may_pay(view, rival_cell)
         return [n for n in (roles.candidate, roles.production, rival_cell[0] if pays else None) if n]
@@ -661,19 +661,10 @@ class _Level:
         return cell_difference_ci(self.cells[a], self.cells[b])
 
 
-def roles_of(drafts: dict) -> Roles:
-    """Who plays which part among the served proposers (eval/policy.py Roles): the training-free methods are those
-    whose value is a spec string (decode/ngram.py)."""
-    from draftsmith.decode.ngram import is_ngram_spec
-
-    return Roles(candidate=candidate_name(drafts), production="production" if "production" in drafts else None,
-                 free=tuple(n for n, spec in drafts.items() if is_ngram_spec(str(spec))))
-
-
 def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contract) -> list[tuple[str, int]]:
     """The (proposer, K) cells at concurrency `level` whose verdict more passes could settle: eval/policy.py
     unsettled over the cells there."""
-    return unsettled(_Level(cells, level), roles_of(drafts), decide)
+    return unsettled(_Level(cells, level), Roles.of(drafts), decide)
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:
