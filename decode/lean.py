@@ -1,11 +1,11 @@
 """A lean cached forward for Llama-family decoders, and the choice between it and the model's own.
 
-Why it exists: at batch 1 a small model's HF forward is mostly Python. The demo draft (0.9M
-parameters) takes ~3.2 ms per token in ``model(...)``, almost none of it arithmetic; the demo
-target (20.8M) spends ~4 ms of its ~20 ms outside its matrix products (mask construction, the
-growing ``DynamicCache`` concatenation, module dispatch, output objects). Serving engines (vLLM,
-gpt-fast) run their own lean model code, so HF's per-call overhead inflates the draft's cost
-ratio c, biases the best K downwards and hides the gain a draft would really bring.
+Why it exists: at batch 1 a small model's HF forward is mostly Python. A tiny draft's ``model(...)``
+call is almost all overhead, and even a larger target spends a good share of each forward outside
+its matrix products (mask construction, the growing ``DynamicCache`` concatenation, module
+dispatch, output objects). Serving engines (vLLM, gpt-fast) run their own lean model code, so HF's
+per-call overhead inflates the draft's cost ratio c, biases the best K downwards and hides the gain
+a draft would really bring.
 
 :class:`LeanModel` runs the same computation as the HF modules it wraps, op for op (RMSNorm in
 float32 as ``LlamaRMSNorm``, rotary embeddings from the model's own ``rotary_emb``, SDPA with the
@@ -113,11 +113,9 @@ def _linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
 def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a block of T > 1 tokens [1, T, in] -> [1, T, out], computed as W @ x^T.
 
-    On CPU (MKL), ``x @ W^T`` with a few rows repacks the whole weight and runs at half the speed
-    of a one-token product; ``W @ x^T`` streams the weight once. On this project's 2-core CPU, for
-    random matrices of the demo target's shapes and T=5: 10.3 ms vs 22.1 ms for all of them; the
-    demo target's 5-token verify forward went from 25.6 to 18.4 ms (scripts/bench_decode.py,
-    BENCHMARKS.md). The sums are the same up to rounding order (~1e-6 relative).
+    On CPU (MKL), ``x @ W^T`` with a few rows can repack the whole weight and run far slower than a
+    one-token product; ``W @ x^T`` streams the weight once. The sums are the same up to rounding
+    order (~1e-6 relative).
     """
     out = torch.mm(weight, x[0].T).T.contiguous()  # [T, out], rows contiguous: SDPA's flash kernel needs its
     if bias is not None:                             # inputs' last dimension dense (else it takes the math path)
@@ -128,10 +126,8 @@ def _linear_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _linear_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for one token [1, 1, in] -> [1, 1, out], computed as W @ [x; 0]^T (a two-column product).
 
-    MKL runs a matrix-vector product (what F.linear does for one row) on one thread here, a product with two
-    columns on all of them: on this project's 2-core AVX-512 host, the 211 matrices of a 30-layer model of
-    SmolLM2's shapes took 59.3 ms as F.linear and 35-39 ms as this (interleaved, medians of 14; session 10,
-    BENCHMARKS.md "The honest baseline"). The zero column costs nothing the memory traffic does not already pay.
+    On some CPUs MKL runs a matrix-vector product (what F.linear does for one row) on one thread and a product
+    with two columns on all of them. The zero column costs nothing the memory traffic does not already pay.
     """
     x = x[0]
     out = torch.mm(weight, torch.cat((x, torch.zeros_like(x))).T)[:, 0].contiguous()[None]  # [1, out], dense
@@ -143,8 +139,7 @@ def _linear_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _linear_padded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a block of T > 1 tokens [1, T, in] -> [1, T, out], computed as W @ [x; 0]^T with T + 1 columns,
     the first T kept: the block form of :func:`_linear_one`. MKL's kernel for a few columns runs some widths
-    faster than narrower ones: on SmolLM2's 211 matrices (session 12, BENCHMARKS.md "A 3-token block padded to 4
-    columns") three tokens took 49.4 ms as ``W @ x^T`` and 44.1 ms padded to four (four: 47.0 ms)."""
+    faster than narrower ones (on some CPUs three tokens run faster padded to four columns)."""
     x = x[0]
     out = torch.mm(weight, torch.cat((x, x.new_zeros(1, x.shape[1]))).T)[:, : x.shape[0]].T.contiguous()  # dense
     if bias is not None:
@@ -188,12 +183,8 @@ def fastest_form(weights: list[torch.Tensor], t: int, repeats: int = 5) -> str:
     """The fastest of :func:`candidate_forms` for `t` tokens through `weights`, timed once per process on this machine
     (medians of `repeats` runs on random inputs, the forms' order rotated every run) and remembered.
 
-    Which form MKL runs faster depends on the CPU and on T, not on anything draftsmith can read: on the host
-    where :func:`_linear_block` was introduced W @ x^T was 2x faster at T=5; on another 2-core AVX-512 host
-    (session 9, a 30-layer model's shapes) F.linear was 2x faster at T=2-3 (6.0 vs 14.5 ms, 5.6 vs 10.9 ms),
-    equal-ish at 4-8, and W @ x^T 1.8x faster at T=16 (BENCHMARKS.md "A draft that pays on a real model"); on a
-    third (session 10) F.linear of one token ran on one of the two cores and W @ [x; 0]^T was 1.5x faster, and
-    (session 12) three tokens ran 11% faster padded to four columns.
+    Which form MKL runs faster depends on the CPU and on T, not on anything draftsmith can read: each of the
+    forms is the fastest for some T on some CPU.
     Pass the matrices a forward reads (the caller's :meth:`LeanModel._timed_weights`): timed on one layer's
     alone, they sit in the cache and the comparison is not the one a forward makes.
     """

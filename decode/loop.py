@@ -220,7 +220,7 @@ def eagle_generate(
     The arguments, output and guarantees of :func:`speculative_generate` (greedy output equals the target's own;
     sampling is distributed as the target's), with `head` in place of a draft model, no `backend` (the target runs
     on the lean forward, Llama-family models, which hands back its post-norm features at the positions it ran)
-    and K 1 by default (the head's second proposal is its weak one: BENCHMARKS.md).
+    and K 1 by default (the head's second proposal is its weak one).
 
     The rounds are :func:`speculative_generate`'s; the head's bookkeeping (which slots its cache holds, which of
     the target's features it reads when) is ``_Eagle``'s docstring.

@@ -167,7 +167,7 @@ def cost_ratios(target, draft, context: torch.Tensor, ks: list[int], repeats: in
     draft_step = median_of(lambda: _timed(dft, one, p))
     # Each repeat times a plain target step, then each k's round pattern right after it, and the ratios are
     # taken within the repeat: a machine whose speed drifts over seconds (a shared host) moves numerator and
-    # denominator together, where ratios of medians timed in separate bursts moved c_v by +-20% here.
+    # denominator together, where ratios of medians timed in separate bursts would move with the drift.
     steps, verify, drafts = [], {k: [] for k in ks}, {k: [] for k in ks}
     for _ in range(repeats + 2):  # two warm-up repeats
         steps.append(_timed(tgt, one, p))

@@ -12,7 +12,7 @@ the language reference that every Python ships (:mod:`pydoc_data.topics`, what `
 prints) as the assistant's turn after a question naming the topic. Under ``data.responses=auto`` the
 target scores those answers (one teacher-forced forward each, prefill speed) instead of writing
 them (decode speed), so a fixed datagen budget sees several times more of the target's
-distributions (issue 19; BENCHMARKS.md "A draft that pays on a real model").
+distributions (issue 19).
 """
 
 from __future__ import annotations

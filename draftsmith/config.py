@@ -117,6 +117,10 @@ class PromoteConfig(Gates):
     # band (num_speculative_tokens_per_batch_size); false: a static K in speculative_config.json, for engines or
     # vLLM versions without num_speculative_tokens_per_batch_size
     k_schedule: bool = True
+    # true: when the trained draft is refused and the fastest training-free method (eval/serve baselines) clears the
+    # same gates, register that method instead ("no draft needed": a version with speculative_config.json method
+    # ngram and no draft folder); false: record the refusal only
+    record_free: bool = True
 
     def __post_init__(self):
         super().__post_init__()

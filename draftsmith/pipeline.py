@@ -125,7 +125,7 @@ class Pipeline:
         registry, p = self.registry(), self.cfg.promote
         check_registry_target(registry, p.name, p.alias, target)
         prod = self.production()
-        if prod is not None and self.cfg.eval.compare_production:
+        if prod is not None and self.cfg.eval.compare_production and not prod.get("training_free"):
             from draftsmith.decode.pair import check_tokenizers
 
             path = Path(prod["path"]) / "draft"
@@ -278,7 +278,8 @@ class Pipeline:
         return pending.exists() and json.loads(pending.read_text()).get("hash") == digest
 
     def eval_drafts(self, prod: dict | None) -> dict[str, str]:
-        """name -> path of the drafts to evaluate: trained, base, and the production draft `prod`."""
+        """name -> path of the drafts to evaluate: trained, base, and the production version `prod` (its draft, or
+        the spec string of the training-free method it records)."""
         _, base = self.pair()
         drafts = {}
         trained = self.out / "train" / "draft"
@@ -290,11 +291,11 @@ class Pipeline:
             raise ConfigError(f"eval: nothing to evaluate: no trained draft in {trained.parent} and no pair.draft; run "
                               "the train stage first (stages=[train,eval,...]), or give pair.draft")
         if prod is not None and self.cfg.eval.compare_production:
-            from draftsmith.registry import fingerprint
+            from draftsmith.registry import fingerprint, served_draft
 
             candidate = Path(drafts.get("trained") or drafts["base"])  # what promote would register
             if not candidate.is_dir() or fingerprint(candidate) != prod["fingerprint"]:
-                drafts["production"] = str(Path(prod["path"]) / "draft")
+                drafts["production"] = served_draft(prod)
         return drafts
 
     def eval_prompts(self, target: str) -> tuple[dict, dict]:
@@ -414,7 +415,8 @@ class Pipeline:
 
         def body(run):
             record = promote(cfg, self.out, self.registry(), run, serving_path=serving)
-            if record["promote"] and run.run is not None and cfg.registry.kind != "wandb":
+            if record.get("registry") and run.run is not None and cfg.registry.kind != "wandb":  # a draft, or
+                # the training-free method recorded instead ("no draft needed")
                 log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, record["candidate"])
             with atomic_dir(out) as tmp:
                 write_json(tmp / "promotion.json", record)

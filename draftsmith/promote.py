@@ -30,6 +30,12 @@ champion is then compared at the same concurrency: the draft the serving A/B mea
 serving settings), else the candidate is refused. The version stores serving.json, the K per
 concurrency band (``k_by_concurrency``) and the winning K in speculative_config.json.
 
+No draft needed: when the trained draft is refused and the fastest training-free method measured beside it
+(eval.baselines / serve.baselines: n-gram prompt lookup) clears the same gates on the same basis — the speedup bar
+and the production champion — that method is registered instead (``promote.record_free``; registry.py: a version
+with no draft folder, speculative_config.json ``method: ngram`` with the K, or K schedule, measured for it).
+promotion.json keeps the draft's verdict and says what was recorded under ``no_draft_needed``.
+
 Registering a draft that already is the production version is not a new version. Besides the
 gates' fields, promotion.json records ``basis`` ("serving" or "batch-1"), ``serving`` (the serving
 figures of the decision, or None), ``compared_with`` ({version, speedup, source, eval_set} of
@@ -46,7 +52,7 @@ from pathlib import Path
 from draftsmith.config import DraftsmithConfig
 from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
-from draftsmith.registry import RegistryError, target_mismatch
+from draftsmith.registry import RegistryError, is_free, target_mismatch
 from draftsmith.eval.gates import PROMOTED, REFUSED, decide
 from draftsmith.eval.policy import Roles
 from draftsmith.eval.intervals import difference_ci, units_from_passes
@@ -122,20 +128,85 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if refusal is not None:
             return _refuse(record, {}, refusal, production)
         if not record["promote"]:
+            if record["decision"] == REFUSED and free is not None and free["pays"] and p.record_free:
+                settled = (champion, label, compared)
+                record["no_draft_needed"] = _no_draft_needed(cfg, tx, registry, run, out_dir, record, free, metrics,
+                                                             serving if info else None, settled, production, target)
             return record
 
-        stored = info and {"table": serving.doc, "concurrency": info["concurrency"],
-                           "k_by_concurrency": info["k_by_concurrency"]}
-        vocab = Path(out_dir) / "eval" / "draft_vocab.json"  # eval.draft_vocab: the ids the figures were measured with
-        version = tx.register(draft_dir, metrics=metrics.doc, promotion=record, k=candidate["best_k"],
-                              aliases=[p.alias], source={"out_dir": str(out_dir), "config": asdict(cfg)},
-                              target=target, draft_fingerprint=candidate_fp, serving=stored,
-                              files={vocab.name: vocab} if vocab.exists() else None, schedule=p.k_schedule)
-        record["registry"] = _registry_info(registry, p.name, version["version"])
-        record["registry"]["created"] = version["created"]
-        if cfg.registry.kind == "wandb":
-            record["registry"]["wandb"] = _link_wandb(cfg, run, registry, version["version"], candidate, out_dir)
+        record["registry"] = _register(cfg, tx, registry, run, out_dir, draft_dir, record, candidate, metrics,
+                                       serving if info else None, target, candidate_fp)
     return record
+
+
+def _register(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: LocalRegistry, run, out_dir, draft,
+              record: dict, figures: dict, metrics: EvalMetrics, serving: ServingTable | None, target: dict | None,
+              draft_fp: str) -> dict:
+    """Register `draft` (a folder, or a training-free method's spec string) promoted by `record` on `figures` and
+    move the alias, under the caller's lock; returns promotion.json's "registry" entry."""
+    p, info = cfg.promote, figures.get("serving")
+    stored = info and {"table": serving.doc, "concurrency": info["concurrency"],
+                       "k_by_concurrency": info["k_by_concurrency"]}
+    vocab = Path(out_dir) / "eval" / "draft_vocab.json"  # eval.draft_vocab: the ids the figures were measured with
+    files = {vocab.name: vocab} if vocab.exists() and not is_free(draft) else None
+    version = tx.register(draft, metrics=metrics.doc, promotion=record, k=figures["best_k"], aliases=[p.alias],
+                          source={"out_dir": str(out_dir), "config": asdict(cfg)}, target=target,
+                          draft_fingerprint=draft_fp, serving=stored, files=files, schedule=p.k_schedule)
+    entry = _registry_info(registry, p.name, version["version"])
+    entry["created"] = version["created"]
+    if cfg.registry.kind == "wandb":
+        entry["wandb"] = _link_wandb(cfg, run, registry, version["version"], figures, out_dir)
+    return entry
+
+
+def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: LocalRegistry, run, out_dir,
+                     record: dict, free: dict, metrics: EvalMetrics, serving: ServingTable | None, settled: tuple,
+                     production: dict | None, target: dict | None) -> dict:
+    """The training-free method `free` (the refused draft's rival) judged as a candidate by the same gates, on the
+    same basis and against the same champion, and registered when it passes: promotion.json's ``no_draft_needed``
+    {"name", "spec", "decision", "reasons", "checks", "registry"}. `record` (the draft's verdict) gets the
+    registry entry and a reason line when a version is recorded."""
+    p, (champion, label, compared) = cfg.promote, settled
+    name, spec = free["name"], free["spec"]
+    out = {"name": name, "spec": spec, "decision": None, "reasons": [], "checks": [], "registry": None}
+    if name not in metrics.summary:  # its batch-1 record holds what the gates read besides the speedup
+        out["reasons"] = [f"{name} was served but not measured by the batch-1 eval (eval.baselines): add it there to "
+                          "let promotion record it"]
+        return out
+    figures = (_serving_candidate(serving, name, metrics, p.serving_concurrency) if serving is not None
+               else metrics.draft(name))
+    if figures is None:
+        out["reasons"] = [f"{name} has no cells in the serving A/B: nothing to record"]
+        return out
+    free_fp = fingerprint(spec)
+    already = production is not None and production["fingerprint"] == free_fp
+    difference = None
+    if already:  # production is this method: the gates without a champion, as for a draft already production
+        champion = label = None
+    elif compared is not None and compared["source"].startswith("measured in this"):
+        level = (figures.get("serving") or {}).get("concurrency")
+        difference = (_serving_difference(serving, name, figures, champion, level) if serving is not None
+                      else _eval_difference(metrics, name, figures, champion))
+    verdict_ = _decide(figures, cfg.promote.gates(), champion, label, difference)
+    out.update(decision=verdict_["decision"], reasons=verdict_["reasons"], checks=verdict_["checks"])
+    if not verdict_["promote"]:
+        return out
+    if already:
+        out["reasons"] = [f"already {p.alias}: v{production['version']} of {p.name!r} is {spec}; no new version"]
+        out["registry"] = _registry_info(registry, p.name, production["version"])
+    else:
+        version_record = {**verdict_, "name": p.name, "candidate_name": name, "candidate_draft": spec,
+                          "eval_set": metrics.eval_set, "target": target, "basis": record["basis"],
+                          "serving": figures.get("serving"), "no_draft_needed": True, "refused_draft": {
+                              "name": record["candidate_name"], "decision": record["decision"],
+                              "reasons": record["reasons"]}}
+        out["registry"] = _register(cfg, tx, registry, run, out_dir, spec, version_record, figures, metrics,
+                                    serving, target, free_fp)
+    entry = out["registry"]
+    record["registry"] = entry
+    record["reasons"].append(f"no draft needed: {spec} with K={figures['best_k']} is {p.name} v{entry['version']} "
+                             f"({p.alias}): serve it with --speculative-config \"$(cat {entry['speculative_config']})\"")
+    return out
 
 
 def _decide(candidate: dict, gates, champion: dict | None = None, label: str | None = None,
@@ -195,14 +266,15 @@ def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
     from draftsmith.eval.settings import training_free
 
     rivals = []
-    for free in training_free(metrics.config.get("baselines") or [], "eval.baselines"):
+    for free, spec in training_free(metrics.config.get("baselines") or [], "eval.baselines").items():
         summary = metrics.summary.get(free)
         if summary is None:
             continue
         pays = _may_pay(summary.get("speedup_ci95"))
         a = _timed_units(metrics.record(name, candidate["best_k"], candidate.get("temperature")))
         b = _timed_units(metrics.record(free, summary["best_k"], summary.get("temperature")))
-        rivals.append({"name": free, "best_k": summary["best_k"], "pays": pays, "speedup": summary["speedup"],
+        rivals.append({"name": free, "spec": spec, "best_k": summary["best_k"], "pays": pays,
+                       "speedup": summary["speedup"],
                        "speedup_ci95": summary.get("speedup_ci95"),
                        "difference_ci95": difference_ci(a, b) if a and b and pays else None})
     return _best_free(rivals)
@@ -221,7 +293,8 @@ def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int)
         mine = serving.cell(name, level, candidate["best_k"]) if candidate["best_k"] else None
         theirs = serving.cell(free, level, k) if k else None
         paired = mine and theirs and mine.get("timings") and theirs.get("timings")
-        rivals.append({"name": free, "best_k": k, "pays": pays, "speedup": at["choice"]["best_speedup"],
+        rivals.append({"name": free, "spec": serving.drafts[free], "best_k": k, "pays": pays,
+                       "speedup": at["choice"]["best_speedup"],
                        "speedup_ci95": at["choice"]["best_speedup_ci95"],
                        "difference_ci95": cell_difference_ci(mine, theirs) if paired and pays else None})
     return _best_free(rivals)
@@ -243,7 +316,7 @@ def _measured_production(metrics: EvalMetrics) -> dict | None:
     path = metrics.drafts.get("production")
     if path is None or "production" not in metrics.summary:
         return None
-    present = (Path(path) / "config.json").exists()
+    present = is_free(path) or (Path(path) / "config.json").exists()
     return {"path": path, "fingerprint": fingerprint(path) if present else None, "version": None}
 
 
@@ -448,7 +521,7 @@ def _served_production(serving: ServingTable, measured: dict | None) -> dict | N
         return None
     if measured is not None and str(path) == str(measured["path"]):
         return measured
-    present = (Path(path) / "config.json").exists()
+    present = is_free(path) or (Path(path) / "config.json").exists()
     return {"path": str(path), "fingerprint": fingerprint(path) if present else None, "version": None}
 
 

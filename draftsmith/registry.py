@@ -11,6 +11,12 @@ Local layout (``root`` is ``registry.root`` in the config)::
                                             "k_schedule": the batch-size K schedule given to vLLM, or None
     root/<name>/v<N>/serving.json           the serving A/B's per-concurrency table (when one ran)
     root/<name>/aliases.json                {"production": N, "staging": M}
+
+A version may also record a training-free method (decode/ngram.py's prompt lookup, ``ngram:MIN-MAX``) instead of a
+draft: "no draft needed", the answer when such a method beat the trained draft and cleared the gates. It has no
+``draft/`` folder; version.json's ``training_free`` is the method's spec string (None for a draft), and
+speculative_config.json is vLLM's ``method: ngram`` config with the measured K (or K schedule).
+:func:`served_draft` says what any version serves: its folder, or that spec string.
     root/<name>/.lock                       taken around every change
 
 Rules: versions are never overwritten or deleted (a new version is written to a temporary
@@ -70,10 +76,29 @@ class RegistryError(UserError, RuntimeError):
     """A registry problem the user can fix (path, name, unknown version or alias)."""
 
 
+def is_free(draft: str | Path | None) -> bool:
+    """Whether `draft` is a training-free method's spec string (decode/ngram.py ``ngram:MIN-MAX``), not a folder."""
+    from draftsmith.decode.ngram import is_ngram_spec
+
+    return draft is not None and is_ngram_spec(str(draft))
+
+
+def served_draft(record: dict) -> str:
+    """What a version (its version.json `record`) serves: its draft folder, or the spec string of the training-free
+    method it records (no folder)."""
+    return record.get("training_free") or str(Path(record["path"]) / "draft")
+
+
 def fingerprint(draft_dir: str | Path) -> str:
-    """sha256 over the relative paths and bytes of every file of a model directory."""
-    root = Path(draft_dir)
+    """sha256 over the relative paths and bytes of every file of a model directory; of a training-free method's
+    canonical spec string (:func:`is_free`: ``ngram`` and ``ngram:2-4`` are one method)."""
     digest = hashlib.sha256()
+    if is_free(draft_dir):
+        from draftsmith.decode.ngram import parse_ngram
+
+        digest.update(b"training-free\0" + parse_ngram(str(draft_dir)).spec.encode())
+        return digest.hexdigest()
+    root = Path(draft_dir)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as fh:
@@ -87,9 +112,12 @@ def speculative_config(draft_dir: str | Path, k: int | None, schedule: list[list
     """The vLLM ``--speculative-config`` for serving `draft_dir` (resolved) with K tokens, or with the batch-size K
     `schedule` (then `k` is None or its largest K: serve/server.py ``speculative_config``). The method (a separate
     draft model, or an EAGLE head) is read from the checkpoint at `method_from` (default `draft_dir`): a version's
-    files are written in a temporary folder before `draft_dir` exists."""
+    files are written in a temporary folder before `draft_dir` exists. A training-free method's spec string gives
+    its own config (``method: ngram`` and its lookup window)."""
     from draftsmith.serve.server import speculative_config as vllm_config, speculative_method
 
+    if is_free(draft_dir):
+        return vllm_config(str(draft_dir), k, schedule)
     method = speculative_method(method_from if method_from is not None else draft_dir)
     return vllm_config(str(Path(draft_dir).resolve()), k, schedule, method=method)
 
@@ -258,9 +286,9 @@ class LocalRegistry:
         `schedule`: serve the bands as vLLM's batch-size K schedule (speculative_config.json's
         ``num_speculative_tokens_per_batch_size``, version.json's ``k_schedule``; :func:`k_schedule`); False:
         one static K = `k` (config ``promote.k_schedule``). To decide on the registry's state before
-        registering, use :meth:`transaction` instead."""
-        draft_dir = Path(draft_dir)
-        _check_model_dir(draft_dir)
+        registering, use :meth:`transaction` instead. `draft_dir` may be a training-free method's spec string
+        (:func:`is_free`): the version then records the method, with no folder."""
+        draft_dir = _draft(draft_dir)
         for alias in aliases:
             _check_alias(alias)
         fp = fingerprint(draft_dir)  # hashed before taking the lock
@@ -364,8 +392,7 @@ class RegistryTransaction:
         when the caller already has it (hashing a big draft outside the lock keeps the lock short); `files`:
         {name: path} copied into the version directory beside metrics.json (e.g. the eval's draft_vocab.json);
         `schedule`: as in :meth:`LocalRegistry.register` (False: a static K in speculative_config.json)."""
-        reg, draft_dir = self._open(), Path(draft_dir)
-        _check_model_dir(draft_dir)
+        reg, draft_dir = self._open(), _draft(draft_dir)
         for alias in aliases:
             _check_alias(alias)
         mismatch = target_mismatch(reg, self.name, target)
@@ -378,17 +405,21 @@ class RegistryTransaction:
             # every v<N> directory counts, so a number is never reused even for a stray directory
             number = max(reg._numbers(self.name), default=0) + 1
             final = reg._entry(self.name) / f"v{number}"
+            free = str(draft_dir) if is_free(draft_dir) else None
             record = {"name": self.name, "version": number, "fingerprint": fp, "created_at": time.time(),
                       "best_k": int(k), "summary": promotion.get("candidate"), "target": target,
-                      "source": source or {}, "path": str(final.resolve()), "k_schedule": sizes}
+                      "source": source or {}, "path": str(final.resolve()), "k_schedule": sizes,
+                      "training_free": free}
             if serving is not None:
                 record.update(serving_concurrency=serving.get("concurrency"),
                               k_by_concurrency=list(serving.get("k_by_concurrency") or []))
             with atomic_dir(final) as tmp:
-                shutil.copytree(draft_dir, tmp / "draft")
+                if free is None:
+                    shutil.copytree(draft_dir, tmp / "draft")
                 write_metrics(tmp, metrics)
                 write_json(tmp / "promotion.json", promotion)
-                config = speculative_config(final / "draft", None if sizes else k, sizes, method_from=tmp / "draft")
+                config = (speculative_config(free, None if sizes else k, sizes) if free else
+                          speculative_config(final / "draft", None if sizes else k, sizes, method_from=tmp / "draft"))
                 write_json(tmp / "speculative_config.json", config)
                 if serving is not None:
                     write_serving(tmp, serving["table"])
@@ -409,10 +440,18 @@ class RegistryTransaction:
         return self._open()._set_alias_locked(self.name, alias, number)
 
 
-def _check_model_dir(draft_dir: Path) -> None:
+def _draft(draft: str | Path) -> str | Path:
+    """A training-free method's canonical spec string, or the model directory `draft` (RegistryError unless it
+    has a config.json)."""
+    if is_free(draft):
+        from draftsmith.decode.ngram import parse_ngram
+
+        return parse_ngram(str(draft)).spec
+    draft_dir = Path(draft)
     if not (draft_dir / "config.json").exists():
         raise RegistryError(f"{draft_dir} is not a model directory (no config.json); pass the merged draft "
                             "that the train stage wrote to DIR/train/draft")
+    return draft_dir
 
 
 def _check_alias(alias: str) -> None:
@@ -447,6 +486,8 @@ def format_versions(registry: LocalRegistry, name: str) -> str:
         summary = v.get("summary") or {}
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["created_at"]))
         serves = describe_schedule(v["k_schedule"]) if v.get("k_schedule") else f"K={v['best_k']}"
+        if v.get("training_free"):  # no draft needed: the method and its K
+            serves = f"{v['training_free']} (no draft), {serves}"
         lines.append(f"{'v' + str(v['version']):>7}  {','.join(by_version.get(v['version'], [])) or '-':<20} "
                      f"{v['best_k']:>6} {summary.get('speedup', float('nan')):>8.3f} "
                      f"{summary.get('acceptance_rate', float('nan')):>8.3f}  {created:<16}  {serves}")

@@ -147,11 +147,13 @@ def log_eval(run: StageRun, metrics: EvalMetrics) -> None:
 
 
 def model_artifact(version_dir: Path, name: str, metadata: dict):
-    """A W&B ``model`` artifact of a registry version: its merged ``draft/`` and ``speculative_config.json``."""
+    """A W&B ``model`` artifact of a registry version: its merged ``draft/`` (none for a training-free method) and
+    ``speculative_config.json``."""
     import wandb
 
     artifact = wandb.Artifact(name=name, type="model", metadata=metadata)
-    artifact.add_dir(str(version_dir / "draft"), name="draft")
+    if (version_dir / "draft").is_dir():
+        artifact.add_dir(str(version_dir / "draft"), name="draft")
     artifact.add_file(str(version_dir / "speculative_config.json"))
     return artifact
 

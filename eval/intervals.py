@@ -9,13 +9,12 @@ repeats (the cluster: its plain and speculative times summed over the passes), a
 sum(plain) / sum(spec), ``n_boot`` times (seeded: the same samples give the same interval); with a
 single unit its repeats are resampled instead. A unit's sum carries the machine's noise (it shrinks
 as passes are added) and the units' spread the prompt-to-prompt one. Resampling the repeats inside
-each resampled unit as well would count the noise twice (measured: 8 prompts x 2 passes covered
-0.985, not 0.95). The plain percentile interval is too narrow with few units, so its percentiles
+each resampled unit as well would count the noise twice (its intervals cover the true speedup more
+often than 95%). The plain percentile interval is too narrow with few units, so its percentiles
 are *expanded* for the sample size (Hesterberg 2015, "What teachers should know about the bootstrap",
 section 3.4): the tail probability is Φ(−sqrt(n / (n − 1)) · t_{0.975, n−1}) instead of 0.025, n the
-number of units (of repeats when there is one unit). Measured coverage of a true speedup
-(``python scripts/bench_intervals.py --trials 400``, prompts that differ, 10% run noise), plain ->
-expanded: see BENCHMARKS.md "Verdicts under noise".
+number of units (of repeats when there is one unit). ``python scripts/bench_intervals.py`` measures how
+often the plain and the expanded intervals cover a true speedup.
 
 Degenerate cases: a single pair (one unit, one repeat) has no spread to resample, so its interval is
 ``None`` ("unknown": a verdict on it is inconclusive); identical pairs give a zero-width interval.
@@ -206,8 +205,8 @@ def lives_ci(lives: list[list[list[Pair]]]) -> Interval:
     paired requests), from the spread of the lives' own ratios: g x exp(+-t_{0.975, n-1} s / sqrt(n)), g the
     geometric mean of the lives' ratios and s the standard deviation of their logs (a random effect per start;
     each life weighs the same, whatever its number of passes). A server start changes a cell's figures
-    by more than two passes inside one life show (BENCHMARKS.md, "Verdicts under noise"), and with a handful of
-    lives a bootstrap over them would understate that spread. None with fewer than two lives."""
+    by more than two passes inside one life show, and with a handful of lives a bootstrap over them would
+    understate that spread. None with fewer than two lives."""
     ratios = _life_logs(lives)
     if len(ratios) < 2:
         return None
@@ -282,10 +281,9 @@ def choose_k(cells: dict[int, Units], *, bars: Sequence[float] = (1.0,), seed: i
     above 1 too. A K without an interval is not indistinguishable. The chosen K is the **smallest**
     indistinguishable K (it costs the least draft compute, and at higher load the least wasted verification).
 
-    Why the intervals' overlap and not the interval of the paired difference: the difference told K=4 from K=2
-    (~15-20% apart on the demo) about half the time, so the K chosen followed the noise — at batch 1 over three
-    evals of one draft K = 4, 2, 4, on vLLM K = 2, 4, 4, 2, 4 (BENCHMARKS.md "Serving verdicts"; there each K also
-    runs on server starts of its own, whose effect does not pair between K); with the overlap, K=2 every time.
+    Why the intervals' overlap and not the interval of the paired difference: the difference tells two close K
+    apart only some of the time, so the K chosen would follow the noise from one eval to the next (on vLLM each K
+    also runs on server starts of its own, whose effect does not pair between K); the overlap's choice holds.
     `speeds` / `intervals` (K -> value): a serving cell's throughput speedup and its own interval, in place of what
     the units give.
     -> {"k", "leader", "indistinguishable": [K...] (sorted, the leader included), "rule"}.

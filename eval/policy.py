@@ -83,12 +83,15 @@ class Roles:
     @classmethod
     def of(cls, proposers: dict) -> "Roles":
         """The roles among `proposers` (name -> a draft's folder, or a training-free method's spec string,
-        decode/ngram.py): the candidate is eval/settings.py candidate_name's, production is "production"."""
+        decode/ngram.py): the candidate is eval/settings.py candidate_name's, production is "production" (a draft,
+        or a training-free method the registry recorded: then the champion, not a rival), the other spec strings
+        are the free rivals."""
         from draftsmith.decode.ngram import is_ngram_spec
         from draftsmith.eval.settings import candidate_name
 
-        return cls(candidate=candidate_name(proposers), production="production" if "production" in proposers else None,
-                   free=tuple(n for n, spec in proposers.items() if is_ngram_spec(str(spec))))
+        production = "production" if "production" in proposers else None
+        return cls(candidate=candidate_name(proposers), production=production,
+                   free=tuple(n for n, spec in proposers.items() if is_ngram_spec(str(spec)) and n != production))
 
 
 def _open(ci: Optional[list[float]], bar: float) -> bool:

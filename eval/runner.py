@@ -46,7 +46,7 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
-from draftsmith.eval.settings import DecodeSettings, EvalSettings, training_free
+from draftsmith.eval.settings import DecodeSettings, EvalSettings, with_training_free
 from draftsmith.eval.intervals import Units, choose_k, difference_ci, units_from_passes
 from draftsmith.eval.policy import Contract, Roles, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
@@ -350,7 +350,7 @@ def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
     if cfg.decide is None:
         return []
     view = _Pass(cells, min(cfg.temperature), cfg.decide.at)
-    roles = Roles.of({**cfg.drafts, **training_free(cfg.baselines, "eval.baselines")})
+    roles = Roles.of(with_training_free(cfg.drafts, cfg.baselines, "eval.baselines"))
     return [view.cells[c] for c in unsettled(view, roles, cfg.decide)]
 
 
@@ -408,12 +408,8 @@ def run(cfg: EvalConfig) -> dict:
     eos = eos_token_id(target.generation_config, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     drafts = {}
-    free = training_free(cfg.baselines, "eval.baselines")
-    clash = sorted(free.keys() & cfg.drafts.keys())
-    if clash:
-        raise EvalError(f"eval.drafts names {clash}, which eval.baselines uses for a training-free method: rename "
-                        "the draft")
-    for name, path in {**cfg.drafts, **free}.items():  # every draft checked before any timing starts
+    for name, path in with_training_free(cfg.drafts, cfg.baselines, "eval.baselines").items():  # every draft
+        # checked before any timing starts
         drafts[name] = load_draft(path, name, target, tokenizer, cfg)
     vocab, vocab_info = None, None
     if cfg.draft_vocab:  # one vocabulary for every draft, ranked from what the target says

@@ -64,7 +64,7 @@ from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
                                           contenders, decision_level, k_bands, make_cell, merge_passes, summarize,
                                           summary_lines)
-from draftsmith.eval.settings import ServingSettings, candidate_name, training_free
+from draftsmith.eval.settings import ServingSettings, candidate_name, with_training_free
 
 SCHEMA_VERSION = 1
 SERVERS_GPU_SHARE = 0.9  # serve.interleave on a GPU without serve.gpu_memory_utilization: what the servers up at
@@ -291,14 +291,9 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 
 
 def with_baselines(drafts: dict, settings: ServingSettings) -> dict:
-    """`drafts` and the training-free methods of serve.baselines (eval/settings.py training_free: "ngram" ->
-    its spec string), served as drafts are."""
-    free = training_free(settings.baselines, "serve.baselines")
-    clash = sorted(free.keys() & drafts.keys())
-    if clash:
-        raise ConfigError(f"the drafts to serve are named {clash}, which serve.baselines uses for a training-free "
-                          "method: rename the draft")
-    return {**drafts, **free}
+    """`drafts` and the training-free methods of serve.baselines (eval/settings.py with_training_free), served as
+    drafts are."""
+    return with_training_free(drafts, settings.baselines, "serve.baselines")
 
 
 def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Launched"]) -> list[str]:

@@ -282,7 +282,7 @@ def contenders(cells: list[dict]) -> list[int]:
     the chosen K and those indistinguishable from the best (best_k_per_concurrency), and every K whose own speedup
     interval overlaps the fastest K's whatever its verdict (the lives may make it as sure as the fastest's, or part
     the two intervals). The decision lives measure them all, so that the choice between them is taken on the lives
-    of each (BENCHMARKS.md: the same K read 1.6x on one server life and 2.0x on the next)."""
+    of each (a new server start can move one K's speedup by more than two K differ)."""
     here = [c for c in cells if c["k"] is not None and c["speedup"] is not None]
     if not here:
         return []

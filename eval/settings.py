@@ -43,7 +43,7 @@ class EvalSettings:
     k: list[int] = field(default_factory=lambda: [2, 4])  # draft tokens per round, one cell per K
     temperature: list[float] = field(default_factory=lambda: [0.0])  # 0 = greedy; > 0: rejection sampling
     max_new_tokens: int = 64
-    max_prompts: int = 16  # held-out prompts; the batch-1 interval is mostly their spread (8 gave the demo [1.11, 1.59])
+    max_prompts: int = 16  # held-out prompts; the batch-1 interval is mostly their spread (8 leave it too wide)
     warmup: int = 1
     repeats: int = 2  # passes over the prompts per cell, plain and speculative side by side (the interval's repeats)
     max_repeats: int = 6  # passes a cell may reach when its verdict is undecided (its interval straddles a gate)
@@ -98,6 +98,21 @@ def training_free(entries, key: str) -> dict[str, str]:
     return {("ngram" if len(specs) == 1 else spec): spec for spec in specs}
 
 
+def with_training_free(drafts: dict, entries, key: str) -> dict:
+    """`drafts` (name -> folder or spec) and the training-free methods of `entries` (:func:`training_free`), each
+    measured as drafts are. A method a draft already is (the registry's production version "no draft needed",
+    measured as ``production``) is not measured twice; a draft named like a method is a ConfigError naming `key`."""
+    from draftsmith.artifacts.errors import ConfigError
+
+    free = training_free(entries, key)
+    clash = sorted(free.keys() & drafts.keys())
+    if clash:
+        raise ConfigError(f"the drafts are named {clash}, which {key} uses for a training-free method: rename the "
+                          "draft")
+    taken = {str(spec) for spec in drafts.values()}
+    return {**drafts, **{name: spec for name, spec in free.items() if spec not in taken}}
+
+
 SERVABLE_DRAFTS = ("trained", "base", "production", "candidate")  # the eval's draft names; "candidate": the one
 # promotion decides on (candidate_name)
 
@@ -132,7 +147,7 @@ class ServingSettings(ServerSettings):
     max_tokens: int = 64  # output tokens per request
     ignore_eos: bool = True  # every request produces exactly max_tokens tokens
     max_prompts: int = 16  # held-out prompts used; a level sends max(max_prompts, 2 x concurrency) requests (16: the
-    # decision cell's three server lives keep the demo under 15 minutes)
+    # decision cell's three server lives stay short on a CPU)
     warmup: int = 2  # unrecorded requests after each server start
     repeats: int = 2  # passes over every level per server (the interval resamples passes, then requests)
     max_repeats: int = 5  # passes a decision cell may reach at the serving concurrency while its verdict is undecided
@@ -145,10 +160,10 @@ class ServingSettings(ServerSettings):
     # draft (or of a decision life) starts together and each pass of a level runs the plain server once and every
     # K after it in turn (order rotated), so that one plain pass serves every K and one start-up wait every server;
     # None: all of them on the CPU (host RAM holds many copies of a small model, and three servers start in the time
-    # of two then one: BENCHMARKS.md), one at a time on a GPU (each server takes its share of the GPU's memory:
+    # of two then one), one at a time on a GPU (each server takes its share of the GPU's memory:
     # 0.9 / servers up unless serve.gpu_memory_utilization says otherwise)
     fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
-    # that the interval also sees what changes from one server start to the next (BENCHMARKS.md: 10-20% on a CPU);
+    # that the interval also sees what changes from one server start to the next;
     # costs two server starts per pass
     decision_servers: int = 2  # more server lives (a new plain and spec server each, one pass) for the chosen cell at
     # the decision level of each proposer a verdict is taken on (the candidate, production, the fastest

@@ -74,7 +74,9 @@ def version_reference(version_dir: str | Path, record: dict, *, ref: str, root: 
 
 def _reference(path: Path, record: dict, ref: str, root: Path, rate: float, source: str, figure: str,
                schedule: Optional[list[list[int]]]) -> dict:
-    draft, k = path / "draft", record.get("best_k")
+    from draftsmith.registry import served_draft
+
+    draft, k = served_draft(record), record.get("best_k")
     return {"name": record["name"], "ref": ref, "version": record["version"], "root": str(root),
             "acceptance_rate": float(rate), "source": source, "k": k, "draft": str(draft),
             "retrain_command": retrain_command(record, draft, root), "figure": figure, "schedule": schedule,
@@ -118,19 +120,28 @@ def serving_first_position(path: Path, summary: dict, k, concurrency) -> tuple[O
             f"vLLM serving A/B first-position acceptance at K={cell['k']}, concurrency {concurrency}")
 
 
-def retrain_command(record: dict, draft: Path, root: Path) -> str:
+def retrain_command(record: dict, draft: Path | str, root: Path) -> str:
     """``draftsmith data.prompts=recent.jsonl pair.draft=<this version's draft> ...``: distil the production
     draft further on recent prompts, then let the champion gate decide against this registry entry. An EAGLE head
-    (serve.server.speculative_method: ``eagle``, ``eagle3``) is trained further as one: ``method=eagle|eagle3``."""
+    (serve.server.speculative_method: ``eagle``, ``eagle3``) is trained further as one: ``method=eagle|eagle3``.
+    A training-free version (no draft: `draft` is its spec string) has nothing to train further: the command trains
+    a draft as the run that recorded it did (its pair.draft and method), on the recent prompts."""
+    from draftsmith.registry import is_free
     from draftsmith.serve.server import speculative_method
 
     config = (record.get("source") or {}).get("config") or {}
     pair = config.get("pair") or {}
     target = pair.get("target") or (record.get("target") or {}).get("path")
-    args = ["draftsmith", "data.prompts=recent.jsonl", f"pair.draft={draft}"]
-    method = speculative_method(draft)
-    if method in ("eagle", "eagle3"):  # a head is trained further as its kind (it starts from pair.draft)
-        args.append(f"method={method}")
+    args = ["draftsmith", "data.prompts=recent.jsonl"]
+    if is_free(draft):
+        method = (config.get("method") or {}).get("name")
+        args += [f"pair.draft={pair['draft']}"] if pair.get("draft") else []
+        args += [f"method={method}"] if method else []
+    else:
+        args.append(f"pair.draft={draft}")
+        method = speculative_method(draft)
+        if method in ("eagle", "eagle3"):  # a head is trained further as its kind (it starts from pair.draft)
+            args.append(f"method={method}")
     if target:
         args.append(f"pair.target={target}")
     if target == "demo":

@@ -58,7 +58,7 @@ from draftsmith.monitor.window import DEFAULT_MARGIN  # noqa: E402
 # The shifted traffic: the pydoc help topics (pydoc_data/topics.py: English prose about Python) instead of code.
 # Neither demo model was trained on them (draftsmith.demo.stdlib_files leaves pydoc_data out), and the draft was
 # distilled on the domain packages' code only. The code of the other standard-library packages is no shift for
-# this pair: the base draft was pretrained on it (measured on vLLM: acceptance 0.899 there, 0.943 in the domain).
+# this pair: the base draft was pretrained on it (its acceptance there is close to its acceptance in the domain).
 SHIFTED_PACKAGES = ("pydoc_data",)
 UNSEEN_NGRAM = 16  # a shifted_unseen prompt shares no run of this many tokens with a recent (retrained-on) prompt
 SEEDS = {"in_domain": 101, "shifted": 102, "shifted_unseen": 103, "mix": 104}  # the demo's datagen prompts: 1000
@@ -196,8 +196,7 @@ def phase_summary(name: str, records: list[dict], counters, load, wall_s: float)
 def change(phases: dict[str, dict], after: str, before: str) -> dict | None:
     """vLLM's figures of phase `after` minus those of `before` (None when either is missing). Compare phases
     served at the same K: the acceptance rate and even the per-position acceptance fall with K for one draft
-    on the same prompts (the demo's v1: 0.836 at the first position with K=2, 0.748 with K=4), since K moves
-    where the rounds start."""
+    on the same prompts, since K moves where the rounds start."""
     if after not in phases or before not in phases:
         return None
     a, b = phases[after]["vllm_counters"], phases[before]["vllm_counters"]

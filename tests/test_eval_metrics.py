@@ -76,7 +76,7 @@ def test_slowdown_warning_follows_the_measured_speedup():
     bad = cell_record(3, 0.0, [plain_stats(4, 0.5)], [spec_stats([(3, 0), (3, 1)])], 0.1, 1.0)
     msg = slowdown_warning(bad)
     assert "measured speedup 0.25 < 1" in msg and "acceptance rate 0.17" in msg
-    # the demo's sampled cell: acceptance rate 0.29, yet 1.36x measured: no warning contradicts it
+    # a low acceptance rate yet a measured speedup above 1 (as a sampled demo cell can read): no warning contradicts it
     cheap = cell_record(3, 0.7, [plain_stats(4, 1.36 * 2)], [spec_stats([(3, 0), (3, 1)])], 0.1, 1.0)
     assert cheap.acceptance_rate < 0.5 and cheap.speedup == pytest.approx(1.36)
     assert slowdown_warning(cheap) is None

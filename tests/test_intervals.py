@@ -111,7 +111,7 @@ def test_choose_k_takes_the_smallest_k_whose_interval_overlaps_the_fastest():
 
 def test_choose_k_on_given_speedups_and_intervals():
     """Serving cells give their own throughput speedups and intervals: K=2 1.42x [1.21, 1.62] against K=4 1.69x
-    [1.52, 1.87] (session 13's first demo on vLLM) are tied and K=2 is taken — though identical requests would make
+    [1.52, 1.87] (as a demo run on vLLM read) are tied and K=2 is taken — though identical requests would make
     their paired difference sure; parted intervals are not tied; a K without an interval is not; a smaller K that
     clears a bar the leader only straddles is, one that straddles a bar the leader clears is not."""
     units = {2: [[(1.42, 1.0)]] * 8, 4: [[(1.69, 1.0)]] * 8}  # identical requests: zero-width intervals

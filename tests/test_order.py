@@ -20,7 +20,7 @@ def test_rotated_then_reversed():
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_two_rounds_cancel_every_sides_offset_from_every_other(n):
     """A forward round and its reversal: each side runs before each other side as often as after it, so a linear
-    drift of the machine's speed moves no comparison (the old cyclic rotation over two rounds of three sides ran
+    drift of the machine's speed moves no comparison (a plain cyclic rotation over two rounds of three sides runs
     one K before the plain side both times)."""
     for rotate in range(n):
         rounds = [interleaved(n, rotate=rotate, reverse=rev) for rev in (False, True)]

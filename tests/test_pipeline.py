@@ -257,7 +257,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsy
 def test_smollm2_preset_composes_to_a_valid_config():
     """experiment=smollm2-135m: the GGUF target from its package, an EAGLE head for it, chat prompts the target
     answers, the head trained on the draft vocabulary.
-    (Run end to end by hand: BENCHMARKS.md "A real model"; the slow tests/test_real_model.py decodes with it.)"""
+    (Run end to end by hand: docs/real-model.md; the slow tests/test_real_model.py decodes with it.)"""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 

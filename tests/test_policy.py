@@ -89,3 +89,22 @@ def test_the_contract_from_promote_settings():
     assert c == Contract(at=(1.2,), margin=0.05, free_margin=0.01, concurrency=8, schedule=False)
     assert Contract.of(p, production=False, free=False) == Contract(at=(1.2,), concurrency=8, schedule=False)
     assert c.at_batch1() == Contract(at=(1.2,), margin=0.05, free_margin=0.01)
+
+
+def test_a_production_version_that_is_a_training_free_method_is_the_champion_not_a_rival():
+    """The registry's production may record prompt lookup ("no draft needed"): measured as "production" by its
+    spec string, it plays the champion; eval/serve baselines naming the same method are not measured twice."""
+    import pytest
+
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.eval.settings import with_training_free
+
+    drafts = {"trained": "/runs/a/train/draft", "production": "ngram:2-4"}
+    merged = with_training_free(drafts, ["ngram"], "serve.baselines")
+    assert merged == drafts  # the same window: measured once, as production
+    assert with_training_free(drafts, ["ngram:1-3"], "serve.baselines")["ngram"] == "ngram:1-3"
+    roles = Roles.of(with_training_free(drafts, ["ngram:1-3"], "eval.baselines"))
+    assert (roles.candidate, roles.production, roles.free) == ("trained", "production", ("ngram",))
+    assert Roles.of(merged).free == ()
+    with pytest.raises(ConfigError, match="eval.baselines"):
+        with_training_free({"ngram": "/a/draft"}, ["ngram"], "eval.baselines")

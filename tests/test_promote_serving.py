@@ -318,3 +318,124 @@ def test_prompt_lookup_served_beside_the_draft_decides_whether_training_paid(job
     assert record["promote"] and record["training_free"]["best_k"] == 4
     gate = next(c for c in record["checks"] if c["gate"] == "training_free")
     assert gate["result"] == "pass" and "beats ngram (K=4" in gate["reason"]
+
+
+# -- no draft needed: a training-free method recorded as a version (issue 41) -----------------------------
+LOOKUP = {(2, 1): 1.5, (4, 1): 1.6, (2, 4): 1.6, (4, 4): 1.5, (2, 16): 0.9, (4, 16): 0.85}
+
+
+def with_lookup_in_the_eval(out: Path, lookup: dict, production: tuple[str, dict] | None = None) -> None:
+    """Add n-gram lookup (eval.baselines) to out's batch-1 eval, and a production entry measured beside it."""
+    path = out / "eval" / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["config"]["baselines"] = ["ngram"]
+    metrics["summary"]["ngram"] = lookup
+    if production is not None:
+        metrics["config"]["drafts"]["production"], metrics["summary"]["production"] = production
+    path.write_text(json.dumps(metrics))
+
+
+def test_no_draft_needed_is_a_version_the_registry_monitor_and_a_later_run_read(job, capsys):
+    """The draft loses to prompt lookup at the serving concurrency and lookup clears the gates itself: the registry
+    records lookup as the production version (no draft folder; vLLM's ngram config with the K schedule measured for
+    lookup), promotion.json keeps the draft's refusal and says what was recorded; re-run, it is not a second
+    version; the monitor watches vLLM's acceptance of lookup; a later run that measures that version as production
+    (its spec string) promotes a draft that beats it."""
+    from draftsmith.monitor.reference import version_reference
+
+    reg = job["reg"]
+    with_lookup_in_the_eval(job["out"], summary_entry(1.8))
+    serving = fake_serving(job["out"], {"trained": job["draft"], "ngram": "ngram:2-4"},
+                           {"trained": TABLE, "ngram": LOOKUP})
+    for c in serving["cells"]:  # vLLM's counters per position (lookup's first position: accepted / rounds it drafted)
+        c["per_position_acceptance"] = [0.7, 0.5] if c["draft"] == "ngram" else [0.9, 0.8]
+    (job["out"] / "serve" / "serving.json").write_text(json.dumps(serving))
+    record = promote(at(4), job["out"], reg)  # the draft: 1.3x at K=2; lookup 1.6x at K=2
+    assert record["decision"] == "refused" and not record["promote"]
+    free = record["no_draft_needed"]
+    assert free["decision"] == "promoted" and free["spec"] == "ngram:2-4" and free["registry"]["version"] == 1
+    assert record["registry"] == free["registry"]
+    assert record["reasons"][-1].startswith("no draft needed: ngram:2-4 with K=2 is demo v1 (production)")
+
+    version = reg.find("demo", "production")
+    path = reg.path("demo", 1)
+    assert version["training_free"] == "ngram:2-4" and version["best_k"] == 2 and not (path / "draft").exists()
+    config = json.loads((path / "speculative_config.json").read_text())
+    assert config["method"] == "ngram" and "model" not in config
+    assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 4)
+    # lookup's own bands: K=4 at 1, K=2 at 4, off at 16 (0.9x / 0.85x)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 8, 2], [9, 16, 0]]
+    assert json.loads((path / "promotion.json").read_text())["refused_draft"]["name"] == "trained"
+    assert registry_cli.main(["list", "demo", "--root", str(reg.root)]) == 0
+    assert "ngram:2-4 (no draft)" in capsys.readouterr().out
+
+    again = promote(at(4), job["out"], reg)
+    assert again["no_draft_needed"]["reasons"] == ["already production: v1 of 'demo' is ngram:2-4; no new version"]
+    assert [v["version"] for v in reg.versions("demo")] == [1]
+
+    reference = version_reference(path, version, ref="production", root=reg.root)
+    # a schedule of two K's is watched on the first position: lookup's own cell, not the draft's
+    assert reference["draft"] == "ngram:2-4" and reference["figure"] == "first_position_acceptance"
+    assert reference["acceptance_rate"] == 0.7
+    # nothing to train further: a draft trained as the run that recorded lookup did (its pair.draft and method)
+    assert reference["retrain_command"].startswith("draftsmith data.prompts=recent.jsonl pair.draft=demo method=kd ")
+    assert "ngram" not in reference["retrain_command"]
+
+    # a later run: a new draft measured beside the production version (lookup, by its spec string)
+    later = fake_eval(job["tmp"] / "job2", job["target"], fake_draft(job["tmp"] / "d2", 2), summary_entry(2.5),
+                      production=(Path("ngram:2-4"), summary_entry(1.8)))
+    faster = {key: s + 0.5 for key, s in LOOKUP.items()}  # 2.1x at K=2, concurrency 4
+    fake_serving(later, {"trained": job["tmp"] / "d2", "production": "ngram:2-4"},
+                 {"trained": faster, "production": LOOKUP})
+    record = promote(at(4), later, reg)
+    assert record["promote"] and record["compared_with"]["source"].startswith("measured in this serving A/B")
+    assert record["compared_with"]["version"] == 1 and not record["decision_retaken"]
+    assert reg.find("demo", "production")["version"] == 2 and reg.find("demo", "production")["training_free"] is None
+
+
+@pytest.mark.parametrize("lookup, recorded, decision", [
+    (3.0, True, "promoted"),  # lookup 3.0x vs the draft's 2.5x at batch 1, and it clears min_speedup: recorded
+    (1.05, False, "refused"),  # lookup beats the draft's 1.0x but not min_speedup 1.1: nothing recorded
+])
+def test_no_draft_needed_at_batch_1(tmp_path, lookup, recorded, decision):
+    """Without a serving A/B the batch-1 eval decides: lookup's static K goes into speculative_config.json."""
+    target = fake_target(tmp_path / "target")
+    out = fake_eval(tmp_path / "job", target, fake_draft(tmp_path / "d1", 1), summary_entry(2.5 if recorded else 1.0))
+    with_lookup_in_the_eval(out, summary_entry(lookup))
+    reg = LocalRegistry(tmp_path / "reg")
+    record = promote(at(None), out, reg)
+    assert record["decision"] == "refused"
+    assert record["no_draft_needed"]["decision"] == decision and (record["registry"] is not None) == recorded
+    if recorded:
+        config = json.loads((reg.path("demo", 1) / "speculative_config.json").read_text())
+        assert config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                          "prompt_lookup_max": 4}
+
+
+def test_promote_record_free_false_records_the_refusal_only(job):
+    with_lookup_in_the_eval(job["out"], summary_entry(1.8))
+    fake_serving(job["out"], {"trained": job["draft"], "ngram": "ngram:2-4"}, {"trained": TABLE, "ngram": LOOKUP})
+    cfg = at(4)
+    cfg.promote.record_free = False
+    record = promote(cfg, job["out"], job["reg"])
+    assert record["decision"] == "refused" and "no_draft_needed" not in record and record["registry"] is None
+    assert job["reg"].find("demo", "production") is None
+
+
+def test_a_lookup_that_does_not_beat_production_is_not_recorded(job):
+    """The champion gate judges the training-free method too: a production draft faster than lookup stays."""
+    reg = job["reg"]
+    prod = fake_draft(job["tmp"] / "prod", 7)
+    reg.register("demo", prod, metrics={}, promotion={"candidate": summary_entry(2.0)}, k=2,
+                 target=None)
+    out = fake_eval(job["tmp"] / "job3", job["target"], job["draft"], summary_entry(2.5),
+                    production=(prod, summary_entry(2.0)))
+    with_lookup_in_the_eval(out, summary_entry(1.8))
+    best = {key: s + 0.6 for key, s in LOOKUP.items()}  # production: 2.2x at K=2, concurrency 4
+    fake_serving(out, {"trained": job["draft"], "production": prod, "ngram": "ngram:2-4"},
+                 {"trained": TABLE, "production": best, "ngram": LOOKUP})
+    record = promote(at(4), out, reg)
+    assert record["decision"] == "refused"
+    assert record["no_draft_needed"]["decision"] == "refused" and record["no_draft_needed"]["registry"] is None
+    assert any(c["gate"] == "champion" and c["result"] == "fail" for c in record["no_draft_needed"]["checks"])
+    assert reg.find("demo", "production")["version"] == 1

@@ -393,8 +393,8 @@ def test_a_difference_of_cells_on_three_lives_holds_the_lives_spread():
 
 def test_the_k_to_serve_is_the_smallest_whose_interval_overlaps_the_fastest():
     """On vLLM each K runs on its own server starts, so two K are told apart only when their own intervals part:
-    session 13's first demo run (K=2 1.42x [1.21, 1.62], K=4 1.69x [1.52, 1.87] at concurrency 1, three server
-    lives each) takes K=2; K=2 wholly below K=4's interval is passed over; a K that clearly pays is not passed over
+    figures as a demo run read them (K=2 1.42x [1.21, 1.62], K=4 1.69x [1.52, 1.87] at concurrency 1, three server
+    lives each) take K=2; K=2 wholly below K=4's interval is passed over; a K that clearly pays is not passed over
     for a faster K that is unsure (its interval reaching below 1); a K whose interval is unknown is not tied."""
     from draftsmith.eval.serving_stats import best_k_per_concurrency
 

@@ -76,6 +76,6 @@ def test_real_serving_ab_on_a_tiny_pair(vllm_info, tmp_path):
         else:  # lookup proposes only where the text repeats, and its tokens never change the output (above)
             assert c["acceptance_rate"] is None or 0.0 <= c["acceptance_rate"] <= 1.0
         assert c["speedup"] > 0
-    # the tiny random target falls into loops: lookup found repeats and drafted (0.79 accepted when measured)
+    # the tiny random target falls into loops: lookup finds repeats and drafts
     assert sum(c["vllm_counters"]["draft_tokens"] for c in serving["cells"] if c["draft"] == "ngram") > 0
     assert (tmp_path / "eval" / "serving.json").exists() and (tmp_path / "eval" / "serving_speedup.png").exists()

@@ -212,10 +212,10 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     path = tmp_path / "train.json"
     path.write_text(json.dumps(dataclasses.asdict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold (one run of the
-    # whole suite timed out here after 600 s, cause not found; alone the test takes ~11 s)
+    # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold (a held port hangs
+    # the run)
     # its own process group, killed whole on a timeout: subprocess.run's timeout kills torchrun only, and a hung
-    # rank outlived that one timeout by two hours
+    # rank can outlive it
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              "-m", "draftsmith.train.trainer", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
