@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from draftsmith.artifacts.errors import ConfigError, check, check_choice
+from draftsmith.artifacts.hashing import WHERE
 from draftsmith.eval.gates import Gates
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, ServingSettings
 from draftsmith.train.settings import HEADS, RENAMED as TRAIN_RENAMED, DatagenSettings, TrainSettings
@@ -95,7 +96,8 @@ class DataSection(DatagenSettings):
     # data.prompts=stdlib-chat: this many language-reference passages (pydoc_data) as given answers besides the
     # prompts, which the target scores (data.responses=auto or given) instead of writing
     demo_scored: int = 0
-    cache_dir: Optional[str] = None  # share datagen outputs between runs (sweeps: <sweep dir>/.datagen by default)
+    # share datagen outputs between runs (sweeps: <sweep dir>/.datagen by default)
+    cache_dir: Optional[str] = field(default=None, metadata=WHERE)
 
 
 @dataclass(kw_only=True)
@@ -144,7 +146,7 @@ class PromoteConfig(Gates):
 class RegistryConfig:
     kind: str = "local"  # local | wandb (wandb mirrors the local registry to W&B Registry)
     root: str = "registry"
-    lock_timeout_s: float = 600.0
+    lock_timeout_s: float = field(default=600.0, metadata=WHERE)
     collection: str = "draftsmith-drafts"  # W&B: wandb-registry-model/<collection>
 
     def __post_init__(self):

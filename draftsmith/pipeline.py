@@ -3,12 +3,12 @@
 Every stage writes under ``out_dir`` (``datagen/``, ``train/`` with ``train/draft/``, ``eval/``
 with ``metrics.json`` and ``report.md``, ``serve/serving.json`` when the serving A/B runs,
 ``promote/promotion.json``) and a ``stage.json`` beside its output holding the stage's config hash.
-The hash covers the stage's own config section and the hashes of the stages it reads, so changing
-``method.loss`` re-runs train, eval, serve and promote but not datagen, and changing
-``serve.concurrency`` re-runs serve and promote, never the batch-1 eval. One rule decides what a
-section contributes (:func:`draftsmith.artifacts.hashing.figures_of`): every setting but those marked as
-saying only where or how the work runs (``metadata=WHERE``: an interpreter, a timeout, a cache directory). A stage whose ``stage.json`` is missing (a crash) runs again; train resumes from its
-last checkpoint when the hash matches and starts afresh (removing the stale output) when it does
+The hash covers what the stage declares in draftsmith/stage_keys.py — its config keys' values (every setting but
+those marked as saying only where or how the work runs, ``metadata=WHERE``), the facts derived for it here (resolved
+model paths, the drafts measured, the production version) — and the hashes of the stages it reads, so changing
+``method.loss`` re-runs train, eval, serve and promote but not datagen, and changing ``serve.concurrency`` re-runs
+serve and promote, never the batch-1 eval. A stage whose ``stage.json`` is missing (a crash) runs again; train
+resumes from its last checkpoint when the hash matches and starts afresh (removing the stale output) when it does
 not.
 """
 
@@ -25,9 +25,10 @@ from pathlib import Path
 
 from draftsmith.artifacts import atomic_dir, write_json, write_text
 from draftsmith.artifacts.formats import read_metrics
-from draftsmith.artifacts.hashing import config_hash, figures_of, stage_digest
+from draftsmith.artifacts.hashing import stage_digest
 from draftsmith.decode.pair import PairError, load_tokenizer
 from draftsmith.config import DEMO, ConfigError, DraftsmithConfig
+from draftsmith.stage_keys import STAGE_KEYS, stage_section
 from draftsmith.summary import summarize
 from draftsmith.tracking import StageRun, Tracker, is_tracking_error, log_draft_artifact, log_eval
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, candidate_name
@@ -166,12 +167,21 @@ class Pipeline:
         except json.JSONDecodeError:
             return False
 
-    def _stage(self, stage: str, out: Path, section: dict, body, inputs: dict | None = None,
+    def _digest(self, stage: str, facts: dict, inputs: dict) -> tuple[dict, str]:
+        """(section, hash) of `stage`: draftsmith/stage_keys.py stage_section of this config and `facts`, with
+        `inputs` (upstream stage -> hash), which must be stages the declaration says it reads."""
+        unknown = set(inputs) - set(STAGE_KEYS[stage].after)
+        if unknown:
+            raise AssertionError(f"{stage} hashes {sorted(unknown)}, which draftsmith/stage_keys.py does not declare")
+        section = stage_section(self.cfg, stage, facts)
+        return section, stage_digest(stage, section, inputs)
+
+    def _stage(self, stage: str, out: Path, facts: dict, body, inputs: dict | None = None,
                own_run: bool = True) -> None:
-        """Run `body` unless `out` holds this stage's output for `section` and `inputs` (upstream stage ->
-        hash); ``stage.json`` records both, so that a later run can tell a stale output (see `stale`)."""
+        """Run `body` unless `out` holds this stage's output for its declared keys, `facts` and `inputs` (upstream
+        stage -> hash); ``stage.json`` records them, so that a later run can tell a stale output (see `stale`)."""
         inputs = inputs or {}
-        digest = stage_digest(stage, section, inputs)
+        section, digest = self._digest(stage, facts, inputs)
         self.hashes[stage] = digest
         if self._done(out, digest):
             self.log(f"draftsmith: {stage}: up to date in {out} (config hash {digest}); skipped")
@@ -202,11 +212,8 @@ class Pipeline:
 
         cfg, link = self.cfg, self.out / "datagen"
         target, _ = self.pair()
-        data = {k: v for k, v in figures_of(cfg.data).items() if k not in ("cache_dir", "vllm")  # where it is kept;
-                # the engine runs it, the rows are the same on either; hf: the hash from before data.engine existed
-                and not (k == "engine" and v == "hf")}
-        section = {"target": target, "data": data, "dtype": cfg.pair.dtype}
-        digest = stage_digest("datagen", section, {})
+        facts = {"target": target}
+        _, digest = self._digest("datagen", facts, {})
         shared = Path(self.datagen_cache) if self.datagen_cache else None
         out = shared / f"datagen-{digest}" if shared else link
 
@@ -220,13 +227,13 @@ class Pipeline:
                      "datagen/heldout_prompts": manifest["counts"]["completions"]["heldout"]})
 
         if shared is None:
-            self._stage("datagen", out, section, body)
+            self._stage("datagen", out, facts, body)
             return
         from filelock import FileLock
 
         shared.mkdir(parents=True, exist_ok=True)
         with FileLock(str(shared / f"datagen-{digest}.lock")):  # concurrent sweep jobs: one generates
-            self._stage("datagen", out, section, body)
+            self._stage("datagen", out, facts, body)
         _link_dir(link, out)
         self.log(f"draftsmith: datagen: {link} -> {out} (shared by the runs that use data.cache_dir={shared})")
 
@@ -236,17 +243,14 @@ class Pipeline:
         cfg, out = self.cfg, self.out / "train"
         target, draft = self.pair()
         m = cfg.method
-        section = {"draft": draft, "method": figures_of(m)}
         draft_vocab = cfg.eval.draft_vocab if cfg.method.reduced_head else m.draft_vocab  # reduced: the eval's ids
-        if cfg.method.reduced_head and draft_vocab:
-            section["draft_vocab"] = draft_vocab
         best_by = m.best_by
         if best_by == "auto":  # the figure the eval's decoding gains from: greedy accepts the target's argmax
             best_by = "top1_agreement" if all(t == 0 for t in cfg.eval.temperature) else "expected_acceptance"
-        if m.keep_best and best_by != "expected_acceptance":  # part of the hash only where it changes the draft
-            section["best_by"] = best_by
+        facts = {"target": target, "draft": draft, "draft_vocab": draft_vocab,
+                 "best_by": best_by if m.keep_best else None}  # the figure matters only where the best step is kept
         inputs = {"datagen": self._upstream("datagen", self.out / "datagen")}
-        digest = stage_digest("train", section, inputs)  # a crashed run resumes only under the same digest
+        _, digest = self._digest("train", facts, inputs)  # a crashed run resumes only under the same digest
 
         def body(run):
             marker = out / "stage.json"
@@ -270,7 +274,7 @@ class Pipeline:
             (out / "pending.json").unlink(missing_ok=True)
 
         # accelerate opens and finishes the train stage's W&B run itself
-        self._stage("train", out, section, body, inputs=inputs, own_run=False)
+        self._stage("train", out, facts, body, inputs=inputs, own_run=False)
 
     @staticmethod
     def _resumable(out: Path, digest: str) -> bool:
@@ -315,8 +319,7 @@ class Pipeline:
         from draftsmith.train.prompts import prepare_prompts, read_prompts
 
         d = self.cfg.data
-        section = {"target": target, "data": {k: v for k, v in asdict(d).items() if k != "cache_dir"}}
-        digest = config_hash("eval_prompts", section)
+        section, digest = self._digest("eval_prompts", {"target": target}, {})
         out = self.out / "eval_prompts"
         if not self._done(out, digest):
             tokenizer = load_tokenizer(target, "target")
@@ -345,8 +348,8 @@ class Pipeline:
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
         # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1
         decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(cfg.eval.baselines)).at_batch1()
-        section = {"target": target, "drafts": drafts, "eval": figures_of(cfg.eval), "decode": figures_of(cfg.decode),
-                   "dtype": cfg.pair.dtype, "production": prod and prod["fingerprint"], "decide": asdict(decide)}
+        facts = {"target": target, "drafts": drafts, "production": prod and prod["fingerprint"],
+                 "decide": asdict(decide)}
         prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
             inputs["train"] = self._upstream("train", self.out / "train")
@@ -358,7 +361,7 @@ class Pipeline:
                 decide=decide))
             log_eval(run, read_metrics(out))  # what was written, through the one reader
 
-        self._stage("eval", out, section, body, inputs=inputs)
+        self._stage("eval", out, facts, body, inputs=inputs)
 
     def serve(self) -> None:
         """The serving A/B on vLLM (eval/serving.py) into ``DIR/serve/`` (serving.json, report.md, plots, the
@@ -380,9 +383,8 @@ class Pipeline:
         k = list(serving.k or cfg.eval.k)
         # the verdicts the A/B adds passes to settle at the serving concurrency (as the eval does at batch 1)
         decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(serving.baselines))
-        section = {"target": target, "drafts": drafts, "serve": figures_of(serving), "k": k,
-                   "dtype": cfg.pair.dtype, "production": prod and "production" in drafts and prod["fingerprint"],
-                   "decide": asdict(decide)}
+        facts = {"target": target, "drafts": drafts, "k": k,
+                 "production": prod and "production" in drafts and prod["fingerprint"], "decide": asdict(decide)}
 
         def body(run):
             ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts
@@ -393,7 +395,7 @@ class Pipeline:
                                         dtype=cfg.pair.dtype, decide=decide, log=self.log)
                 write_text(tmp / "report.md", "# draftsmith serving A/B\n" + report_section(result))
 
-        self._stage("serve", out, section, body, inputs=inputs)
+        self._stage("serve", out, facts, body, inputs=inputs)
 
     def serving_path(self) -> Path | None:
         """DIR/serve/serving.json when the serving A/B is not off (serve.engine=none, or auto without vLLM) and the
@@ -407,7 +409,6 @@ class Pipeline:
         from draftsmith.promote import promote
 
         cfg, out = self.cfg, self.out / "promote"
-        section = {"promote": asdict(cfg.promote), "registry": asdict(cfg.registry)}
         inputs = {"eval": self._upstream("eval", self.out / "eval")}
         serving = self.serving_path()
         if serving is not None:
@@ -423,7 +424,7 @@ class Pipeline:
             self.log(f"draftsmith: promote: {record['decision'].upper()} - "
                      + "; ".join(record["reasons"]))
 
-        self._stage("promote", out, section, body, inputs=inputs)
+        self._stage("promote", out, {}, body, inputs=inputs)
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from draftsmith.artifacts.errors import check, check_choice
+from draftsmith.artifacts.hashing import WHERE
 from draftsmith.serve.settings import ServerSettings
 from draftsmith.train.prompts import PromptFormat, PromptSource
 
@@ -59,7 +60,7 @@ class DatagenSettings(PromptFormat):
     # target scores: top-k log-probs from one forward; data.engine=hf) | auto (given where a record carries one,
     # else generated). Which records carry one: train/prompts.py
     responses: str = "generate"
-    vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings)
+    vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings, metadata=WHERE)  # how the server runs
 
     def __post_init__(self):
         super().__post_init__()
