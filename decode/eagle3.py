@@ -181,10 +181,15 @@ class Eagle3Head(torch.nn.Module):
         """Pre-norm outputs [.., H] -> logits over the draft vocabulary [.., Vd]."""
         return F.linear(_rms(out, self.norm, self.eps), self.lm_head)
 
-    def forward(self, aux: torch.Tensor, emb: torch.Tensor, pos: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    def forward(self, aux: torch.Tensor, emb: torch.Tensor, pos: torch.Tensor, steps: int,
+                window: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The training forward: the target's features at the head's layers `aux` [B, T, 3 x target_hidden] fused,
-        then :meth:`ttt` (a module call, so that data-parallel wrappers see it)."""
-        return self.ttt(emb, self.fuse(aux), pos, steps)
+        then :meth:`ttt` over whole rows, or :meth:`ttt_window` over the slots `window` [B, W] (a module call, so
+        that data-parallel wrappers see it)."""
+        fused = self.fuse(aux)
+        if window is None:
+            return self.ttt(emb, fused, pos, steps)
+        return self.ttt_window(emb, fused, pos, steps, window)
 
     def ttt(self, emb: torch.Tensor, fused: torch.Tensor, pos: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """The training-time test over whole rows: `emb` [B, T, H] (embeddings of x_{t+1}), `fused` [B, T, H]
@@ -219,6 +224,55 @@ class Eagle3Head(torch.nn.Module):
             out = self._finish(residual, attn)
             outs.append(out)
             hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot s reads step j at s-1
+        return outs
+
+    def ttt_window(self, emb: torch.Tensor, fused: torch.Tensor, pos: torch.Tensor, steps: int,
+                   window: torch.Tensor) -> list[torch.Tensor]:
+        """:meth:`ttt`'s outputs at the slots `window` [B, W] only (row b: W consecutive slots, ascending; slots
+        after a row's own end may repeat its last one: a loss masks them) -> each step's [B, W, H].
+
+        The same arithmetic as :meth:`ttt` where it is read: step 0's keys and values come from every slot of the
+        row (real features: every later step attends them), but its queries, attention output and MLP run at the
+        window's slots, and steps 1.. run there only. A loss on a completion's slots (a window from the slot before
+        its first token) reads nothing outside it, so the prompt's slots cost a projection, not a layer per step."""
+        b, t, _ = emb.shape
+        scale = 1.0 / math.sqrt(self.hd)
+        rep = self.nh // self.nkv
+
+        def gather(x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, W, D] at the window's slots
+            return x.gather(1, window[..., None].expand(-1, -1, x.shape[-1]))
+
+        emb_w, pos_w = gather(emb), pos.gather(1, window)
+        x, _ = self._inputs(emb, fused)
+        cos, sin = self._rotary(pos, x.dtype)
+        k0 = F.linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        k0 = (k0 * cos + _rotate_half(k0) * sin).repeat_interleave(rep, 1)  # [B, nh, T, hd]
+        v0 = F.linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2).repeat_interleave(rep, 1)
+        w = window.shape[1]
+        cos_w, sin_w = self._rotary(pos_w, x.dtype)
+        q0 = F.linear(gather(x), self.q).view(b, w, self.nh, self.hd).transpose(1, 2)
+        q0 = q0 * cos_w + _rotate_half(q0) * sin_w
+        idx = torch.arange(t, device=emb.device)
+        seen = idx[None, None, :] <= window[:, :, None]  # [B, W, T]: key u visible from window slot s when u <= s
+        outs = [self._finish(gather(fused), F.scaled_dot_product_attention(q0, k0, v0, attn_mask=seen[:, None]))]
+        keys, values = [None], [None]  # steps 1..: keys and values at the window's slots
+        for j in range(1, steps):
+            hidden = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
+            xj, residual = self._inputs(emb_w, hidden)
+            q, k, v = self._qkv(xj, pos_w)
+            keys.append(k)
+            values.append(v)
+            real = idx[None, None, :] <= window[:, :, None] - j  # [B, W, T]: real keys of slots <= s - j
+            s0 = (q @ k0.transpose(-1, -2) * scale).masked_fill(~real[:, None], float("-inf"))
+            diag, vals = [], []
+            for i in range(1, j + 1):  # step i's key at slot s - (j - i)
+                shift = j - i
+                ki, vi = _shift(keys[i], shift), _shift(values[i], shift)
+                diag.append((q * ki).sum(-1, keepdim=True) * scale)
+                vals.append(vi)
+            p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+            attn = p[..., :t] @ v0 + sum(p[..., t + n: t + n + 1] * vals[n] for n in range(j))
+            outs.append(self._finish(residual, attn))
         return outs
 
     # -- the checkpoint --------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from conftest import make_model
 from draftsmith.decode import autoregressive_generate, eagle3_generate
 from draftsmith.decode.eagle3 import (NORM_FLAGS, Eagle3Head, Eagle3Runner, default_layers, head_for_target,
                                       is_eagle3_dir, load_eagle3, save_eagle3, target_aux_features)
-from draftsmith.train.eagle3 import chain_mask, eagle3_loss, heldout_metrics, shifted3, target_aux_rows
+from draftsmith.train.eagle3 import (chain_mask, completion_window, eagle3_loss, heldout_metrics, shifted3,
+                                    target_aux_rows, ttt_loss)
 
 LAYERS = [0, 1, 3]
 
@@ -157,6 +158,38 @@ def test_the_ttt_loss_by_hand_for_two_steps(target):
     assert float(loss) == pytest.approx(float(total), rel=1e-5)
     assert torch.equal(chain_mask(torch.tensor([[True, True, False, True]]), 1), torch.tensor([[False, True, False,
                                                                                                  False]]))
+
+
+def test_the_completion_window_computes_what_the_whole_rows_do_where_the_loss_reads(target):
+    """Training on the completion's slots runs the unrolled steps there only (``ttt_window``): at those slots each
+    step's output equals the whole-row ``ttt``'s, and the loss and every gradient equal the whole-row path's — for
+    rows whose prompts and completions differ in length (a short completion's extra window slots masked)."""
+    head = randomised(head_for_target(target, LAYERS, torch.arange(4, 60)), seed=11)
+    rows = [([5, 6, 7, 8, 9], [10, 11, 12, 13]), ([12, 13], [14, 15, 16, 17, 18, 19]), ([20, 21, 22], [23, 24])]
+    s = shifted3(target_aux_rows(target, rows, LAYERS))
+    emb_w, full_w = target.model.embed_tokens.weight, target.lm_head.weight
+    window, s_w = completion_window(s)
+    assert window.shape == (3, 6) and window[0, 0] == 4 and window[1, 0] == 1 and window[2, 0] == 2
+    assert s_w.completion.sum(1).tolist() == [4, 6, 2]  # each row's own completion slots, the rest masked
+    emb = F.embedding(s.next_ids, emb_w)
+    whole = head.ttt(emb, head.fuse(s.aux), s.pos, 3)
+    windowed = head(s.aux, emb, s.pos, 3, window)
+    for j in range(3):
+        m = chain_mask(s_w.valid & s_w.completion, j)
+        at = window[m]  # the absolute slots of the scored window slots
+        rows_m = torch.arange(3)[:, None].expand_as(window)[m]
+        torch.testing.assert_close(windowed[j][m], whole[j][rows_m, at], rtol=1e-5, atol=1e-5)
+
+    def grads(loss):
+        head.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in head.parameters()]
+
+    loss_w, parts_w = eagle3_loss(head, s, emb_w, full_w, steps=3, decay=0.8, on="completion")
+    loss, parts = ttt_loss(head, head.ttt(emb, head.fuse(s.aux), s.pos, 3), s, full_w, 0.8, "completion")
+    assert float(loss_w) == pytest.approx(float(loss), rel=1e-5) and parts_w == pytest.approx(parts, rel=1e-5)
+    for gw, g in zip(grads(loss_w), grads(loss)):
+        torch.testing.assert_close(gw, g, rtol=1e-4, atol=1e-6)
 
 
 def test_d2t_and_t2d_round_trip(target):

@@ -113,8 +113,32 @@ def eagle3_loss(head: Eagle3Head, s: Shifted3, emb_w: torch.Tensor, full_w: torc
     if on not in ("all", "completion"):
         raise ValueError(f"eagle3_loss: on={on!r}, expected 'all' or 'completion'")
     emb = F.embedding(s.next_ids, emb_w)
+    if on == "completion" and bool((s.valid & s.completion).any()):  # every step scored there: run it there only
+        window, s_w = completion_window(s)
+        outs = (forward or head)(s.aux, emb, s.pos, steps, window)
+        return ttt_loss(head, outs, s_w, full_w, decay, on)
     outs = (forward or head)(s.aux, emb, s.pos, steps)
     return ttt_loss(head, outs, s, full_w, decay, on)
+
+
+def completion_window(s: Shifted3) -> tuple[torch.Tensor, Shifted3]:
+    """(window [B, W], the batch at those slots) of the completions' slots: row b's W consecutive slots from its
+    first completion slot (W the longest completion; a shorter row's extra slots repeat its last and are neither
+    valid nor completion in the windowed batch). Chains stay inside it: step j's chain at slot s starts at s - j,
+    a completion slot too (:func:`chain_mask`)."""
+    base = s.valid & s.completion
+    length = base.sum(1)
+    start = base.float().argmax(1)  # the first completion slot (0 for a row without one: length 0)
+    width = int(length.max())
+    offsets = torch.arange(width, device=base.device)
+    window = (start[:, None] + offsets[None]).clamp(max=base.shape[1] - 1)
+    inside = offsets[None] < length[:, None]
+
+    def at(x: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, window) if x.dim() == 2 else x.gather(1, window[..., None].expand(-1, -1, x.shape[-1]))
+
+    return window, Shifted3(next_ids=at(s.next_ids), aux=at(s.aux), h_next=at(s.h_next), top_next=at(s.top_next),
+                            valid=at(s.valid) & inside, completion=at(s.completion) & inside, pos=at(s.pos))
 
 
 def ttt_loss(head: Eagle3Head, outs: list[torch.Tensor], s: Shifted3, full_w: torch.Tensor, decay: float,
