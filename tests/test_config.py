@@ -214,3 +214,30 @@ def test_help_says_what_draftsmith_is_and_the_commands_people_run():
     for stage in ("datagen", "train", "eval", "serve", "promote"):
         assert f"  {stage} " in head, stage
     assert "method: eagle, eagle3, kd" in out.stdout and "== Config (" in out.stdout  # then Hydra's groups, the config
+
+
+def test_train_settings_are_one_section_per_kind_each_checked_on_its_own():
+    """method.* keys stay flat, declared in one section per kind of training (the loop, distillation, LoRA, the EAGLE
+    heads); each section's check stands alone, and the joined schema declares no key of its own."""
+    import dataclasses
+
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.train.settings import (DistillSettings, EagleSettings, LoopSettings, LoraSettings,
+                                           TrainSettings)
+
+    sections = (LoopSettings, DistillSettings, LoraSettings, EagleSettings)
+    names = [f.name for s in sections for f in dataclasses.fields(s)]
+    assert len(names) == len(set(names))  # one home per key
+    assert [f.name for f in dataclasses.fields(TrainSettings)] == names  # the loop's keys first
+    with pytest.raises(ConfigError, match="method.lora_r"):
+        LoraSettings(lora_r=0).check_lora()
+    with pytest.raises(ConfigError, match="method.ttt_steps"):
+        EagleSettings(ttt_steps=0).check_eagle("eagle3")
+    EagleSettings(ttt_steps=0).check_eagle("eagle")  # EAGLE-1 reads no ttt_steps
+    with pytest.raises(ConfigError, match="method.loss"):
+        DistillSettings(loss="kl").check_distill()
+    with pytest.raises(ConfigError, match="method.patience"):
+        LoopSettings(patience=2, eval_every=0).check_loop()
+    TrainSettings(finetune="full", lora_r=0)  # a LoRA key is checked only where LoRA trains
+    with pytest.raises(ConfigError, match="method.lora_r"):
+        TrainSettings(finetune="lora", lora_r=0)

@@ -100,11 +100,9 @@ RENAMED = {"method": "finetune"}  # TrainSettings fields that were renamed: old 
 
 
 @dataclass(kw_only=True)
-class TrainSettings:
-    """The train settings: the schema of the pipeline's ``method.*`` keys (one declaration, one default).
-
-    Errors name the ``method.*`` key; the Python API takes the same names.
-    """
+class LoopSettings:
+    """What every kind of training shares: the one training loop (train/loop.py), its schedule, held-out
+    evaluations, best step and checkpoints."""
 
     name: str = "kd"  # a label for reports: kd | lora | seq-kd | on-policy | ...
     # what training changes: full (every weight of the draft) | lora (adapters, merged into the draft) | eagle (an
@@ -112,31 +110,6 @@ class TrainSettings:
     # EAGLE-3 head over three of its layers, with its own draft vocabulary; a speculators-format folder:
     # train/eagle3_objective.py)
     finetune: str = "full"
-    loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
-    beta: float = 0.5  # generalized JSD mixing weight
-    teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
-    cached_tail: str = "uniform"  # cached teacher's tail mass: spread evenly (uniform) or one bucket (bucket)
-    on_policy_fraction: float = 0.0  # share of steps trained on draft-sampled continuations
-    on_policy_max_new_tokens: int = 32
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: Any = "all-linear"  # "all-linear" or a list of module names (e.g. [q_proj, v_proj])
-    freeze_embeddings: bool = False  # full method: keep the input embedding and the output head fixed (tied or not)
-    eagle_w_reg: float = 1.0  # eagle: weight of the feature regression (smooth-L1 to the target's next feature)
-    eagle_second: float = 0.0  # eagle: weight of the second proposal's cross-entropy (K >= 2 rounds; 0 = EAGLE-1's)
-    # eagle: the slots the loss covers: all (every position of a row) | completion (the response's, where decode
-    # rounds propose: EAGLE's own loss mask); the head reads the prompt's slots either way
-    eagle_loss_on: str = "all"
-    eagle_noise: float = 0.0  # eagle: uniform noise in [-x, x] on the features the head reads in training (EAGLE-1's)
-    # eagle3: the target's layers whose input streams the head fuses (3 distinct ids); unset: vLLM's (2, L//2, L-3)
-    eagle_layers: Any = None
-    # the draft's vocabulary: eagle3, the N ids the target says most in the training data (its head's rows, mapped to
-    # the target's by d2t; 0 = the target's whole vocabulary); method.reduced_head: the eval's (set from
-    # eval.draft_vocab by the pipeline)
-    draft_vocab: int = 0
-    ttt_steps: int = 3  # eagle3: unrolled steps of the training-time test (the proposals trained as decoding makes them)
-    ttt_decay: float = 0.8  # eagle3: step j's loss weighs ttt_decay ** j (EAGLE-3's and SpecForge's 0.8)
     steps: int = 400  # optimizer steps
     batch_size: int = 16  # rows per micro-batch per process
     grad_accum: int = 1
@@ -156,26 +129,15 @@ class TrainSettings:
     # acceptance length, ranks first) | auto (the pipeline: top1_agreement when every eval.temperature is 0)
     best_by: str = "auto"
     patience: int = 0  # stop after this many held-out evaluations without a better one (0 = train every step)
-    # train the draft's head only on eval.draft_vocab's ids (the tokens it will propose from): the head's logits
-    # are most of a large-vocabulary draft's step; needs eval.draft_vocab > 0
-    reduced_head: bool = False
     save_every: int = 100  # checkpoint every N steps and at the end (0 = never: no resume)
     keep_checkpoints: int = 2
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
 
-    def __post_init__(self):
-        check(not (self.freeze_embeddings and self.finetune == "lora"),
-              "method.freeze_embeddings applies to method.finetune=full (LoRA already keeps the embeddings fixed)")
+    def check_loop(self) -> None:
         check_choice("method.finetune", self.finetune, FINETUNES)
-        check_choice("method.loss", self.loss, LOSSES)
-        check_choice("method.teacher", self.teacher, TEACHERS)
-        check_choice("method.cached_tail", self.cached_tail, CACHED_TAILS)
         check_choice("method.mixed_precision", self.mixed_precision, MIXED_PRECISION)
-        check(0.0 <= self.beta <= 1.0, f"method.beta must be in [0, 1], got {self.beta}")
-        check(0.0 <= self.on_policy_fraction <= 1.0,
-              f"method.on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
-        for key in ("steps", "batch_size", "grad_accum", "eval_rows", "on_policy_max_new_tokens"):
+        for key in ("steps", "batch_size", "grad_accum", "eval_rows"):
             check(getattr(self, key) >= 1, f"method.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("eval_every", "save_every"):
             check(getattr(self, key) >= 0, f"method.{key} must be >= 0 (0 = never), got {getattr(self, key)}")
@@ -185,52 +147,135 @@ class TrainSettings:
         check(self.patience >= 0, f"method.patience must be >= 0 (0 = never stop early), got {self.patience}")
         check(self.patience == 0 or self.eval_every > 0,
               "method.patience stops on held-out evaluations: it needs method.eval_every > 0")
+        check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
+
+
+@dataclass(kw_only=True)
+class DistillSettings:
+    """A draft model distilled from the target (method.finetune full or lora): the loss, the teacher, on-policy
+    batches, the reduced head (train/distill.py)."""
+
+    loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
+    beta: float = 0.5  # generalized JSD mixing weight
+    teacher: str = "cached"  # cached (datagen's top-k log-probs) | online (target forward per batch)
+    cached_tail: str = "uniform"  # cached teacher's tail mass: spread evenly (uniform) or one bucket (bucket)
+    on_policy_fraction: float = 0.0  # share of steps trained on draft-sampled continuations
+    on_policy_max_new_tokens: int = 32
+    freeze_embeddings: bool = False  # full method: keep the input embedding and the output head fixed (tied or not)
+    # train the draft's head only on eval.draft_vocab's ids (the tokens it will propose from): the head's logits
+    # are most of a large-vocabulary draft's step; needs eval.draft_vocab > 0 (an EAGLE-1 head takes it too)
+    reduced_head: bool = False
+
+    def check_distill(self) -> None:
+        check_choice("method.loss", self.loss, LOSSES)
+        check_choice("method.teacher", self.teacher, TEACHERS)
+        check_choice("method.cached_tail", self.cached_tail, CACHED_TAILS)
+        check(0.0 <= self.beta <= 1.0, f"method.beta must be in [0, 1], got {self.beta}")
+        check(0.0 <= self.on_policy_fraction <= 1.0,
+              f"method.on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
+        check(self.on_policy_max_new_tokens >= 1,
+              f"method.on_policy_max_new_tokens must be >= 1, got {self.on_policy_max_new_tokens}")
         check(not (self.reduced_head and self.cached_tail == "bucket"),
               "method.reduced_head trains the head on the draft vocabulary's ids, which the one-bucket tail of "
               "method.cached_tail=bucket cannot be restricted to; use method.cached_tail=uniform")
         check(not (self.reduced_head and self.on_policy_fraction > 0),
               "method.reduced_head with on-policy batches is not supported (the draft samples from its full head); "
               "set method.on_policy_fraction=0 or method.reduced_head=false")
+
+
+@dataclass(kw_only=True)
+class LoraSettings:
+    """LoRA adapters on the draft (method.finetune=lora), merged into it when training ends."""
+
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: Any = "all-linear"  # "all-linear" or a list of module names (e.g. [q_proj, v_proj])
+
+    def check_lora(self) -> None:
+        check(self.lora_r >= 1, f"method.lora_r must be >= 1 (the LoRA rank), got {self.lora_r}")
+        check(self.lora_alpha > 0, f"method.lora_alpha must be > 0, got {self.lora_alpha}")
+        check(0.0 <= self.lora_dropout < 1.0, f"method.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        modules = self.lora_target_modules
+        check(modules == "all-linear" or (isinstance(modules, (list, tuple)) and modules
+                                          and all(isinstance(m, str) and m for m in modules)),
+              f"method.lora_target_modules must be 'all-linear' or a non-empty list of module names, got {modules!r}")
+
+
+@dataclass(kw_only=True)
+class EagleSettings:
+    """A head over the target's own features (method.finetune eagle: EAGLE-1, train/eagle.py; eagle3: EAGLE-3 with
+    the training-time test, train/eagle3.py)."""
+
+    # the slots the loss covers: all (every position of a row) | completion (the response's, where decode rounds
+    # propose: EAGLE's own loss mask); the head reads the prompt's slots either way
+    eagle_loss_on: str = "all"
+    eagle_w_reg: float = 1.0  # eagle: weight of the feature regression (smooth-L1 to the target's next feature)
+    eagle_second: float = 0.0  # eagle: weight of the second proposal's cross-entropy (K >= 2 rounds; 0 = EAGLE-1's)
+    eagle_noise: float = 0.0  # eagle: uniform noise in [-x, x] on the features the head reads in training (EAGLE-1's)
+    # eagle3: the target's layers whose input streams the head fuses (3 distinct ids); unset: vLLM's (2, L//2, L-3)
+    eagle_layers: Any = None
+    # the draft's vocabulary: eagle3, the N ids the target says most in the training data (its head's rows, mapped to
+    # the target's by d2t; 0 = the target's whole vocabulary); method.reduced_head: the eval's (set from
+    # eval.draft_vocab by the pipeline)
+    draft_vocab: int = 0
+    ttt_steps: int = 3  # eagle3: unrolled steps of the training-time test (the proposals trained as decoding makes them)
+    ttt_decay: float = 0.8  # eagle3: step j's loss weighs ttt_decay ** j (EAGLE-3's and SpecForge's 0.8)
+
+    def check_eagle(self, finetune: str) -> None:
+        check_choice("method.eagle_loss_on", self.eagle_loss_on, ("all", "completion"))
+        check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
+        check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
+        check(self.eagle_noise >= 0, f"method.eagle_noise must be >= 0, got {self.eagle_noise}")
+        if finetune != "eagle3":
+            return
+        layers = self.eagle_layers
+        check(layers is None or (isinstance(layers, (list, tuple)) and len(layers) == 3
+                                 and all(isinstance(i, int) and i >= 0 for i in layers) and len(set(layers)) == 3),
+              f"method.eagle_layers must be 3 distinct layer ids of the target (or unset: vLLM's (2, L//2, L-3)), "
+              f"got {layers!r}")
+        check(self.ttt_steps >= 1, f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
+        check(0 < self.ttt_decay <= 1, f"method.ttt_decay must be in (0, 1], got {self.ttt_decay}")
+        eagle1_only = [f"method.{key}={getattr(self, key)}" for key, default in
+                       (("eagle_w_reg", 1.0), ("eagle_second", 0.0), ("eagle_noise", 0.0))
+                       if getattr(self, key) != default]
+        check(not eagle1_only, f"{', '.join(eagle1_only)}: EAGLE-1's loss terms do not apply to "
+              "method.finetune=eagle3 (its loss is the training-time test's: method.ttt_steps, method.ttt_decay); "
+              "leave them at their defaults")
+
+
+@dataclass(kw_only=True)
+class TrainSettings(EagleSettings, LoraSettings, DistillSettings, LoopSettings):  # fields: loop first
+    """The train settings: the schema of the pipeline's ``method.*`` keys (one declaration, one default), in one
+    section per kind of training — the loop every kind shares (:class:`LoopSettings`), distillation
+    (:class:`DistillSettings`), LoRA (:class:`LoraSettings`), the EAGLE heads (:class:`EagleSettings`) — each
+    validated by its own check; the keys stay flat (``method.lora_r``). This class checks what joins them.
+
+    Errors name the ``method.*`` key; the Python API takes the same names.
+    """
+
+    def __post_init__(self):
+        self.check_loop()
+        self.check_distill()
+        if self.finetune == "lora":
+            self.check_lora()
+        if self.finetune in HEADS:
+            self.check_eagle(self.finetune)
+        check(not (self.freeze_embeddings and self.finetune == "lora"),
+              "method.freeze_embeddings applies to method.finetune=full (LoRA already keeps the embeddings fixed)")
         if self.finetune in HEADS:
             check(self.on_policy_fraction == 0, f"method.finetune={self.finetune} learns from the target's features "
                   "of the datagen rows: on-policy batches do not apply; set method.on_policy_fraction=0")
             check(not self.freeze_embeddings, f"method.freeze_embeddings does not apply to method.finetune="
                   f"{self.finetune} (the head uses the target's embedding, frozen)")
-            check(self.eagle_w_reg >= 0, f"method.eagle_w_reg must be >= 0, got {self.eagle_w_reg}")
-            check(self.eagle_second >= 0, f"method.eagle_second must be >= 0, got {self.eagle_second}")
-            check_choice("method.eagle_loss_on", self.eagle_loss_on, ("all", "completion"))
-            check(self.eagle_noise >= 0, f"method.eagle_noise must be >= 0, got {self.eagle_noise}")
         if self.finetune == "eagle3":
-            layers = self.eagle_layers
-            check(layers is None or (isinstance(layers, (list, tuple)) and len(layers) == 3
-                                     and all(isinstance(i, int) and i >= 0 for i in layers) and len(set(layers)) == 3),
-                  f"method.eagle_layers must be 3 distinct layer ids of the target (or unset: vLLM's (2, L//2, L-3)), "
-                  f"got {layers!r}")
-            check(self.ttt_steps >= 1, f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
-            check(0 < self.ttt_decay <= 1, f"method.ttt_decay must be in (0, 1], got {self.ttt_decay}")
             check(not self.reduced_head, "method.reduced_head does not apply to method.finetune=eagle3: its head has "
                   "its own draft vocabulary (method.draft_vocab)")
-            eagle1_only = [f"method.{key}={getattr(self, key)}" for key, default in
-                           (("eagle_w_reg", 1.0), ("eagle_second", 0.0), ("eagle_noise", 0.0))
-                           if getattr(self, key) != default]
-            check(not eagle1_only, f"{', '.join(eagle1_only)}: EAGLE-1's loss terms do not apply to "
-                  "method.finetune=eagle3 (its loss is the training-time test's: method.ttt_steps, method.ttt_decay); "
-                  "leave them at their defaults")
         check(self.draft_vocab >= 0, f"method.draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
         check(self.draft_vocab == 0 or self.finetune == "eagle3" or self.reduced_head,
               "method.draft_vocab sizes an EAGLE-3 head's vocabulary (method.finetune=eagle3); a draft model's "
               "reduced head takes eval.draft_vocab (method.reduced_head=true)")
-        check(self.keep_checkpoints >= 1, f"method.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        check(self.max_len is None or self.max_len >= 2, f"method.max_len must be >= 2 (or unset), got {self.max_len}")
-        if self.finetune == "lora":
-            check(self.lora_r >= 1, f"method.lora_r must be >= 1 (the LoRA rank), got {self.lora_r}")
-            check(self.lora_alpha > 0, f"method.lora_alpha must be > 0, got {self.lora_alpha}")
-            check(0.0 <= self.lora_dropout < 1.0, f"method.lora_dropout must be in [0, 1), got {self.lora_dropout}")
-            modules = self.lora_target_modules
-            check(modules == "all-linear" or (isinstance(modules, (list, tuple)) and modules
-                                              and all(isinstance(m, str) and m for m in modules)),
-                  f"method.lora_target_modules must be 'all-linear' or a non-empty list of module names, "
-                  f"got {modules!r}")
 
     @property
     def needs_target(self) -> bool:
@@ -238,8 +283,6 @@ class TrainSettings:
         target's features)."""
         return ((self.loss != "ce" and self.teacher == "online") or self.on_policy_fraction > 0
                 or self.finetune in HEADS)
-
-
 
 
 @dataclass(kw_only=True)
