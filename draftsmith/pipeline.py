@@ -416,9 +416,10 @@ class Pipeline:
 
         def body(run):
             record = promote(cfg, self.out, self.registry(), run, serving_path=serving)
-            if record.get("registry") and run.run is not None and cfg.registry.kind != "wandb":  # a draft, or
-                # the training-free method recorded instead ("no draft needed")
-                log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, record["candidate"])
+            if (record.get("registry") or {}).get("created") and run.run is not None and cfg.registry.kind != "wandb":
+                # the version this promotion wrote: the draft's, or the training-free method's ("no draft needed")
+                figures = (record.get("no_draft_needed") or record)["candidate"]
+                log_draft_artifact(run, Path(record["registry"]["path"]), cfg.promote.name, figures)
             with atomic_dir(out) as tmp:
                 write_json(tmp / "promotion.json", record)
             self.log(f"draftsmith: promote: {record['decision'].upper()} - "

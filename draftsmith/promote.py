@@ -166,15 +166,20 @@ def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: L
     same basis and against the same champion, and registered when it passes: promotion.json's ``no_draft_needed``
     {"name", "spec", "decision", "reasons", "checks", "registry"}. `record` (the draft's verdict) gets the
     registry entry and a reason line when a version is recorded."""
+    from draftsmith.eval.settings import training_free
+
     p, (champion, label, compared) = cfg.promote, settled
     name, spec = free["name"], free["spec"]
-    out = {"name": name, "spec": spec, "decision": None, "reasons": [], "checks": [], "registry": None}
-    if name not in metrics.summary:  # its batch-1 record holds what the gates read besides the speedup
-        out["reasons"] = [f"{name} was served but not measured by the batch-1 eval (eval.baselines): add it there to "
+    out = {"name": name, "spec": spec, "decision": None, "reasons": [], "checks": [], "registry": None,
+           "candidate": None}
+    measured = {s: n for n, s in training_free(metrics.config.get("baselines") or [], "eval.baselines").items()}
+    batch1 = measured.get(spec)  # its batch-1 record (named by the eval's list) holds what the gates read besides
+    if batch1 is None or batch1 not in metrics.summary:  # the speedup
+        out["reasons"] = [f"{spec} was served but not measured by the batch-1 eval (eval.baselines): add it there to "
                           "let promotion record it"]
         return out
-    figures = (_serving_candidate(serving, name, metrics, p.serving_concurrency) if serving is not None
-               else metrics.draft(name))
+    figures = (_serving_candidate(serving, name, metrics, p.serving_concurrency, batch1=batch1)
+               if serving is not None else metrics.draft(batch1))
     if figures is None:
         out["reasons"] = [f"{name} has no cells in the serving A/B: nothing to record"]
         return out
@@ -186,9 +191,10 @@ def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: L
     elif compared is not None and compared["source"].startswith("measured in this"):
         level = (figures.get("serving") or {}).get("concurrency")
         difference = (_serving_difference(serving, name, figures, champion, level) if serving is not None
-                      else _eval_difference(metrics, name, figures, champion))
+                      else _eval_difference(metrics, batch1, figures, champion))
     verdict_ = _decide(figures, cfg.promote.gates(), champion, label, difference)
-    out.update(decision=verdict_["decision"], reasons=verdict_["reasons"], checks=verdict_["checks"])
+    out.update(decision=verdict_["decision"], reasons=verdict_["reasons"], checks=verdict_["checks"],
+               candidate=figures)
     if not verdict_["promote"]:
         return out
     if already:
@@ -419,7 +425,7 @@ def _registry_info(registry: LocalRegistry, name: str, number: int) -> dict:
             "speculative_config": str(path / "speculative_config.json")}
 
 
-# -- the serving A/B basis (DIR/serve/serving.json, issue 10 section 5) ------------------------------
+# -- the serving A/B basis (DIR/serve/serving.json) -----------------------------------------------------
 # settings that do not change a cell's figures: which levels were run, and those that say only where or how the
 # servers run (the stage hashes' rule, draftsmith.artifacts.hashing)
 # and those that change how precisely a cell is measured or what is summarised from it, not what it measures
@@ -456,17 +462,19 @@ def _serving_difference(serving: ServingTable, name: str, candidate: dict, champ
 
 
 def _serving_candidate(serving: ServingTable | None, name: str, metrics: EvalMetrics,
-                       requested: int | None) -> dict | None:
-    """The candidate's gate summary taken from the serving A/B at the serving concurrency (the batch-1 summary
-    kept under "batch1"), or None when there is no serving A/B or it has no cells of `name`."""
+                       requested: int | None, batch1: str | None = None) -> dict | None:
+    """The candidate's gate summary taken from the serving A/B at the serving concurrency (the batch-1 summary, of
+    `batch1` in metrics.json when the eval named it otherwise, kept under "batch1"), or None when there is no
+    serving A/B or it has no cells of `name`."""
     cells = serving.cells_of(name) if serving is not None else []
     if not cells:
         return None
     levels = sorted({c["concurrency"] for c in cells})
     level, note = decision_level(levels, requested)
     at = _at_level(cells, level)
-    top, batch1 = at["top"], metrics.draft(name)
-    accepted, source = _acceptance(top, name, at["best_k"], metrics)
+    top, b1_name = at["top"], batch1 or name
+    batch1 = metrics.draft(b1_name)
+    accepted, source = _acceptance(top, b1_name, at["best_k"], metrics)
     choice = at["choice"]
     info = {"draft": name, "concurrency": level, "requested_concurrency": requested, "measured_concurrency": levels,
             "concurrency_note": note, "best_speedup": choice["best_speedup"], "best_speedup_k": choice["best_speedup_k"],

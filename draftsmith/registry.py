@@ -11,13 +11,13 @@ Local layout (``root`` is ``registry.root`` in the config)::
                                             "k_schedule": the batch-size K schedule given to vLLM, or None
     root/<name>/v<N>/serving.json           the serving A/B's per-concurrency table (when one ran)
     root/<name>/aliases.json                {"production": N, "staging": M}
+    root/<name>/.lock                       taken around every change
 
 A version may also record a training-free method (decode/ngram.py's prompt lookup, ``ngram:MIN-MAX``) instead of a
 draft: "no draft needed", the answer when such a method beat the trained draft and cleared the gates. It has no
 ``draft/`` folder; version.json's ``training_free`` is the method's spec string (None for a draft), and
 speculative_config.json is vLLM's ``method: ngram`` config with the measured K (or K schedule).
 :func:`served_draft` says what any version serves: its folder, or that spec string.
-    root/<name>/.lock                       taken around every change
 
 Rules: versions are never overwritten or deleted (a new version is written to a temporary
 directory and renamed into place under the lock); aliases move by rewriting ``aliases.json``
@@ -77,10 +77,11 @@ class RegistryError(UserError, RuntimeError):
 
 
 def is_free(draft: str | Path | None) -> bool:
-    """Whether `draft` is a training-free method's spec string (decode/ngram.py ``ngram:MIN-MAX``), not a folder."""
+    """Whether `draft` is a training-free method's spec string (decode/ngram.py ``ngram:MIN-MAX``); a Path never is
+    (a folder named ``ngram`` is a folder)."""
     from draftsmith.decode.ngram import is_ngram_spec
 
-    return draft is not None and is_ngram_spec(str(draft))
+    return isinstance(draft, str) and is_ngram_spec(draft)
 
 
 def served_draft(record: dict) -> str:
@@ -94,9 +95,7 @@ def fingerprint(draft_dir: str | Path) -> str:
     canonical spec string (:func:`is_free`: ``ngram`` and ``ngram:2-4`` are one method)."""
     digest = hashlib.sha256()
     if is_free(draft_dir):
-        from draftsmith.decode.ngram import parse_ngram
-
-        digest.update(b"training-free\0" + parse_ngram(str(draft_dir)).spec.encode())
+        digest.update(b"training-free\0" + _draft(draft_dir).encode())
         return digest.hexdigest()
     root = Path(draft_dir)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -446,7 +445,10 @@ def _draft(draft: str | Path) -> str | Path:
     if is_free(draft):
         from draftsmith.decode.ngram import parse_ngram
 
-        return parse_ngram(str(draft)).spec
+        try:
+            return parse_ngram(str(draft)).spec
+        except ValueError as exc:
+            raise RegistryError(f"{draft!r} is not a training-free method the registry can record ({exc})") from None
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").exists():
         raise RegistryError(f"{draft_dir} is not a model directory (no config.json); pass the merged draft "

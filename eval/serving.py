@@ -55,6 +55,7 @@ from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
+from draftsmith.decode.ngram import is_ngram_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
 from draftsmith.eval.policy import Contract, Roles, may_pay, rival, unsettled
@@ -326,7 +327,8 @@ class _Launched:
                  prompts: list[list[int]], out: Path, dtype: str, reference, decide: Optional[Contract], device: str,
                  log):
         self.settings, self.target, self.drafts, self.k = settings, target, drafts, k
-        self.free = set(Roles.of(drafts).free)  # prompt lookup: a level may find nothing to propose
+        # prompt lookup (a rival or the production version "no draft needed"): a level may find nothing to propose
+        self.lookup = {name for name, draft in drafts.items() if is_ngram_spec(str(draft))}
         self.prompts, self.out, self.dtype, self.reference, self.decide, self.log = (prompts, out, dtype, reference,
                                                                                     decide, log)
         self.device = device
@@ -361,7 +363,7 @@ class _Launched:
         return VllmServer(spec, log_path=log_path, startup_timeout_s=self.settings.startup_timeout_s)
 
     def _drive(self, name: str, url: str, **kw):
-        return drive(url, self.prompts, self.settings, spec=True, log=self.log, lookup=name in self.free, **kw)
+        return drive(url, self.prompts, self.settings, spec=True, log=self.log, lookup=name in self.lookup, **kw)
 
     def measure(self, name: str, kk: Optional[int], schedule=None, plain_url: Optional[str] = None):
         """One spec server's runs and the plain runs they are compared with."""
@@ -380,7 +382,7 @@ class _Launched:
                                 for label, kk in zip(labels, group)]) as servers:
             self.plain_ready()  # the plain server started beside the first spec servers: up by now, or waited for
             return drive_together([srv.url for srv in servers], plain_url, self.prompts, self.settings, log=self.log,
-                                  servers=[f"{label}+plain" for label in labels], lookup=name in self.free)
+                                  servers=[f"{label}+plain" for label in labels], lookup=name in self.lookup)
 
     def fresh_passes(self, name: str, kk: int):
         """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
@@ -508,7 +510,7 @@ class _Launched:
             return drive_together([srv.url for srv in srvs], plain_srv.url, self.prompts, self.settings,
                                   levels=[("concurrency", level)], passes=1,
                                   into=[self.raw[(name, kk)] for kk in group], servers=labels, log=self.log,
-                                  lookup=name in self.free)
+                                  lookup=name in self.lookup)
 
         plain_log = plain.log_path.name if plain is not None else f"plain-{labels[0]}.log"
         specs = lambda: [self.server(label, str(self.drafts[name]), kk)  # noqa: E731

@@ -108,7 +108,7 @@ def with_training_free(drafts: dict, entries, key: str) -> dict:
     clash = sorted(free.keys() & drafts.keys())
     if clash:
         raise ConfigError(f"the drafts are named {clash}, which {key} uses for a training-free method: rename the "
-                          "draft")
+                          f"draft, or drop the method from {key}")
     taken = {str(spec) for spec in drafts.values()}
     return {**drafts, **{name: spec for name, spec in free.items() if spec not in taken}}
 

@@ -125,7 +125,8 @@ def retrain_command(record: dict, draft: Path | str, root: Path) -> str:
     draft further on recent prompts, then let the champion gate decide against this registry entry. An EAGLE head
     (serve.server.speculative_method: ``eagle``, ``eagle3``) is trained further as one: ``method=eagle|eagle3``.
     A training-free version (no draft: `draft` is its spec string) has nothing to train further: the command trains
-    a draft as the run that recorded it did (its pair.draft and method), on the recent prompts."""
+    a draft from the recording run's pair.draft and ``method=`` preset (when its method.name is one) on the recent
+    prompts; other overrides of that run are not repeated."""
     from draftsmith.registry import is_free
     from draftsmith.serve.server import speculative_method
 
@@ -136,7 +137,7 @@ def retrain_command(record: dict, draft: Path | str, root: Path) -> str:
     if is_free(draft):
         method = (config.get("method") or {}).get("name")
         args += [f"pair.draft={pair['draft']}"] if pair.get("draft") else []
-        args += [f"method={method}"] if method else []
+        args += [f"method={method}"] if method in _method_presets() else []  # method.name is a label: a preset's
     else:
         args.append(f"pair.draft={draft}")
         method = speculative_method(draft)
@@ -152,6 +153,14 @@ def retrain_command(record: dict, draft: Path | str, root: Path) -> str:
         args += [f"pair.{key}={pair[key]}" for key in ("dtype", "device") if pair.get(key)]
     args += [f"promote.name={record['name']}", f"registry.root={root}"]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def _method_presets() -> set[str]:
+    """The names of the ``method=`` presets (conf/method/*.yaml)."""
+    from importlib.resources import files
+
+    return {p.name.removesuffix(".yaml") for p in files("draftsmith.conf").joinpath("method").iterdir()
+            if p.name.endswith(".yaml")}
 
 
 def reference_rules(reference: Optional[dict], **settings) -> Rules:

@@ -108,3 +108,16 @@ def test_a_production_version_that_is_a_training_free_method_is_the_champion_not
     assert Roles.of(merged).free == ()
     with pytest.raises(ConfigError, match="eval.baselines"):
         with_training_free({"ngram": "/a/draft"}, ["ngram"], "eval.baselines")
+
+
+def test_the_serving_ab_drives_every_lookup_server_as_one_even_production(tmp_path):
+    """A production version that is prompt lookup plays the champion, yet its server is still a lookup server: a
+    level where lookup finds no repeat drafts nothing there, which is no error (eval/serving.py _drive)."""
+    from draftsmith.eval.serving import _Launched
+    from draftsmith.eval.settings import ServingSettings
+
+    drafts = {"trained": str(tmp_path / "draft"), "production": "ngram:2-4", "ngram": "ngram:1-3"}
+    ab = _Launched(ServingSettings(engine="vllm"), target="t", drafts=drafts, k=[2], prompts=[[1, 2]], out=tmp_path,
+                   dtype="float32", reference=None, decide=None, device="cpu", log=print)
+    assert ab.lookup == {"production", "ngram"}
+    assert Roles.of(drafts).free == ("ngram",)

@@ -439,3 +439,16 @@ def test_a_lookup_that_does_not_beat_production_is_not_recorded(job):
     assert record["no_draft_needed"]["decision"] == "refused" and record["no_draft_needed"]["registry"] is None
     assert any(c["gate"] == "champion" and c["result"] == "fail" for c in record["no_draft_needed"]["checks"])
     assert reg.find("demo", "production")["version"] == 1
+
+
+def test_no_draft_needed_finds_the_methods_batch_1_record_by_its_spec(job):
+    """serve.baselines with two windows names its methods by spec string; eval.baselines with one names it "ngram":
+    the version is still recorded, its batch-1 figures found by the spec."""
+    with_lookup_in_the_eval(job["out"], summary_entry(1.8))
+    fake_serving(job["out"], {"trained": job["draft"], "ngram:2-4": "ngram:2-4", "ngram:1-3": "ngram:1-3"},
+                 {"trained": TABLE, "ngram:2-4": LOOKUP, "ngram:1-3": {key: s - 0.3 for key, s in LOOKUP.items()}})
+    record = promote(at(4), job["out"], job["reg"])
+    free = record["no_draft_needed"]
+    assert (free["spec"], free["decision"]) == ("ngram:2-4", "promoted")
+    assert free["candidate"]["batch1"] == summary_entry(1.8)
+    assert job["reg"].find("demo", "production")["training_free"] == "ngram:2-4"

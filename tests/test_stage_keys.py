@@ -91,3 +91,23 @@ def test_the_configuration_page_shows_the_table_the_declarations_make():
         "docs/configuration.md's 'What a change runs again' differs from draftsmith/stage_keys.py: paste the output of "
         "python -c 'from draftsmith.stage_keys import runs_again_table as t; from draftsmith.config import "
         "DraftsmithConfig as C; print(t(C()))'")
+
+
+@pytest.mark.parametrize("key", [key for key, where in stage_keys.leaf_keys(DraftsmithConfig())
+                                 if key.startswith("promote.") and not where])
+def test_the_decision_contract_reads_only_promote_keys_the_eval_and_serve_declare(key):
+    """The eval and serve stages hash the decision contract (eval/policy.py Contract.of) as a fact: every
+    promote.* key that moves it is declared as read by the stage that hashes that part."""
+    from draftsmith.eval.policy import Contract
+
+    def contract(cfg):
+        return Contract.of(cfg.promote, production=True, free=True)
+
+    cfg = DraftsmithConfig()
+    base = contract(cfg)
+    node = getattr(cfg.promote, key.split(".", 1)[1])
+    with_key(cfg, key, changed(node))
+    now = contract(cfg)
+    for stage, moved in (("serve", now != base), ("eval", now.at_batch1() != base.at_batch1())):
+        if moved:
+            assert key in stage_keys.STAGE_KEYS[stage].derived, f"{key} moves the {stage} stage's contract"

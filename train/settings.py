@@ -153,8 +153,8 @@ class LoopSettings:
 
 @dataclass(kw_only=True)
 class DistillSettings:
-    """A draft model distilled from the target (method.finetune full or lora): the loss, the teacher, on-policy
-    batches, the reduced head (train/distill.py)."""
+    """A draft model distilled from the target (method.finetune full or lora: train/distill.py): the loss, the
+    teacher, on-policy batches; the reduced head (an EAGLE-1 head takes it too). Checked whatever the kind."""
 
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # generalized JSD mixing weight
