@@ -436,12 +436,12 @@ def test_draft_layers_errors_from_the_command_line(gguf_pair, tmp_path, monkeypa
 
 
 def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, bpe, monkeypatch):
-    """experiment=smollm2-135m as it ships (an EAGLE head, the chat prompts answered by the target, the head trained
-    on the draft vocabulary, the best held-out head kept), with only the target swapped for a tiny 4-layer GGUF
-    stand-in and the sizes cut, plus data.demo_scored=24 reference passages for the target to score (the mix of
+    """experiment=smollm2-135m as it ships (an EAGLE-3 head with its own draft vocabulary, the chat prompts answered
+    by the target, the best held-out head kept), with only the target swapped for a tiny 4-layer GGUF stand-in (its
+    three feature layers named: vLLM's default (2, L//2, L-3) repeats a layer of 4) and the sizes cut, plus data.demo_scored=24 reference passages for the target to score (the mix of
     given and generated responses the preset takes with that override): datagen, train and eval run, the head in
     eval's loop with greedy output equal to the target's."""
-    from draftsmith.decode.eagle import is_eagle_dir
+    from draftsmith.decode.eagle3 import is_eagle3_dir
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     target = write_llama_gguf(make_llama(len(bpe), seed=4, layers=4), bpe, tmp_path / "model" / "stand-in.gguf")
@@ -449,17 +449,18 @@ def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, b
                           f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
                           "data.demo_prompts=24", "data.demo_scored=24", "data.max_new_tokens=6",
                           "data.heldout_fraction=0.2", "data.top_k_logprobs=8", "method.steps=4", "method.eval_every=2",
-                          "method.batch_size=4", "eval.draft_vocab=64", "eval.max_prompts=2", "eval.max_new_tokens=6",
+                          "method.batch_size=4", "method.draft_vocab=64", "method.eagle_layers=[0,1,3]",
+                          "eval.max_prompts=2", "eval.max_new_tokens=6",
                           "eval.repeats=1", "eval.cost_repeats=1"])
     out = tmp_path / "run"
     manifest = json.loads((out / "datagen" / "manifest.json").read_text())
     assert manifest["responses"]["mode"] == "auto"
     assert manifest["responses"]["given"] > 0 and manifest["responses"]["generated"] > 0
     metrics = json.loads((out / "train" / "train_metrics.json").read_text())
-    assert metrics["kind"] == "eagle"
-    assert metrics["reduced_head"]["size"] == 64 and metrics["best"]["metric"] == "heldout/top1_agreement"
-    assert is_eagle_dir(out / "train" / "draft")
+    assert metrics["kind"] == "eagle3" and metrics["eagle_layers"] == [0, 1, 3]
+    assert metrics["draft_vocab"]["size"] == 64 and metrics["best"]["metric"] == "heldout/acceptance_length"
+    assert is_eagle3_dir(out / "train" / "draft")
     assert not list((tmp_path / "cache").glob("layer-draft-*"))  # no draft model is cut for a head
     summary = json.loads((out / "eval" / "metrics.json").read_text())["summary"]
     assert list(summary) == ["trained", "ngram"] and summary["trained"]["greedy_match"] == 1.0
-    assert summary["trained"]["backend"] == {"target": "lean", "draft": "eagle"}
+    assert summary["trained"]["backend"] == {"target": "lean", "draft": "eagle3"}

