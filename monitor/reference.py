@@ -74,9 +74,7 @@ def version_reference(version_dir: str | Path, record: dict, *, ref: str, root: 
 
 def _reference(path: Path, record: dict, ref: str, root: Path, rate: float, source: str, figure: str,
                schedule: Optional[list[list[int]]]) -> dict:
-    from draftsmith.registry import served_draft
-
-    draft, k = served_draft(record), record.get("best_k")
+    draft, k = record.get("training_free") or path / "draft", record.get("best_k")  # a training-free method: its spec
     return {"name": record["name"], "ref": ref, "version": record["version"], "root": str(root),
             "acceptance_rate": float(rate), "source": source, "k": k, "draft": str(draft),
             "retrain_command": retrain_command(record, draft, root), "figure": figure, "schedule": schedule,
