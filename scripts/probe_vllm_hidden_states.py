@@ -28,13 +28,20 @@ VLLM_SIDE = r"""
 import json, sys
 args = json.loads(sys.argv[1])
 from vllm import LLM, SamplingParams
-llm = LLM(model=args["target"], dtype="float32", enforce_eager=True, max_model_len=512, gpu_memory_utilization=0.3,
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
+llm = LLM(model=args["target"], dtype="float32", enforce_eager=True, max_model_len=512,
+          gpu_memory_utilization=0.3,
           speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                              "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": args["layers"]}}},
+                              "draft_model_config": {
+                                  "hf_config": {"eagle_aux_hidden_state_layer_ids": args["layers"]}}},
           kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                               "kv_connector_extra_config": {"shared_storage_path": args["out"]}})
 outs = llm.generate([{"prompt_token_ids": ids} for ids in args["prompts"]], SamplingParams(max_tokens=1, temperature=0))
-print("PATHS " + json.dumps([(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]))
+paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]
+for path in paths:  # the connector writes asynchronously: wait on its lock, as vLLM's own reader does
+    if path is not None:
+        load_hidden_states(path)
+print("PATHS " + json.dumps(paths))
 """
 
 
@@ -61,9 +68,14 @@ def main(argv=None) -> dict:
     report: dict = {"target": args.target, "layers": layers, "prompts": args.prompts, "length": args.length}
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}  # CPU: GiB
-        run = subprocess.run([args.python, "-c", VLLM_SIDE, json.dumps({"target": args.target, "layers": layers,
-                                                                          "prompts": prompts, "out": out})],
-                             capture_output=True, text=True, timeout=900, env=env)
+        try:
+            run = subprocess.run([args.python, "-c", VLLM_SIDE, json.dumps({"target": args.target, "layers": layers,
+                                                                              "prompts": prompts, "out": out})],
+                                 capture_output=True, text=True, timeout=900, env=env)
+        except subprocess.TimeoutExpired:
+            report["vllm"] = {"ok": False, "answered": "no answer within 900 s"}
+            print(json.dumps(report, indent=2))
+            return report
         line = next((x for x in run.stdout.splitlines() if x.startswith("PATHS ")), None)
         if run.returncode != 0 or line is None:
             lines = (run.stdout + "\n" + run.stderr).splitlines()  # vLLM's workers log to either
@@ -82,12 +94,18 @@ def main(argv=None) -> dict:
             saved = load_file(path)
             hs = saved["hidden_states"].float()
             x = torch.tensor([ids])
-            aux, _ = target_aux_features(target, x, torch.ones_like(x), layers)  # [1, T, 3H]
+            with torch.no_grad():
+                aux, _ = target_aux_features(target, x, torch.ones_like(x), layers)  # [1, T, 3H]
             ours = aux[0].reshape(len(ids), len(layers), -1)
             row = {"saved": {k: list(v.shape) for k, v in saved.items()}}
             theirs = hs.reshape(hs.shape[0], len(layers), -1) if hs.dim() == 2 else hs
             n = min(theirs.shape[0], ours.shape[0])
-            if theirs.shape[1:] != ours.shape[1:]:
+            saved_ids = saved.get("token_ids")
+            if saved_ids is not None and saved_ids.flatten()[:len(ids)].tolist() != ids:
+                row["error"] = "vLLM's saved token_ids are not the prompt's"
+            elif theirs.shape[0] < len(ids):
+                row["error"] = f"vLLM saved {theirs.shape[0]} positions for a prompt of {len(ids)}"
+            elif theirs.shape[1:] != ours.shape[1:]:
                 row["error"] = f"shapes differ: vLLM {list(theirs.shape)}, draftsmith {list(ours.shape)}"
             else:
                 diff = (theirs[:n] - ours[:n]).abs()

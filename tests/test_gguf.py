@@ -438,7 +438,8 @@ def test_draft_layers_errors_from_the_command_line(gguf_pair, tmp_path, monkeypa
 def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, bpe, monkeypatch):
     """experiment=smollm2-135m as it ships (an EAGLE-3 head with its own draft vocabulary, the chat prompts answered
     by the target, the best held-out head kept), with only the target swapped for a tiny 4-layer GGUF stand-in (its
-    three feature layers named: vLLM's default (2, L//2, L-3) repeats a layer of 4) and the sizes cut, plus data.demo_scored=24 reference passages for the target to score (the mix of
+    three feature layers named: vLLM's default (2, L//2, L-3) repeats a layer of 4) and the sizes cut, plus
+    data.demo_scored=24 reference passages for the target to score (the mix of
     given and generated responses the preset takes with that override): datagen, train and eval run, the head in
     eval's loop with greedy output equal to the target's."""
     from draftsmith.decode.eagle3 import is_eagle3_dir
