@@ -198,8 +198,7 @@ class Eagle3Head(torch.nn.Module):
         output at slot s-1) and attends the real keys of slots <= s-j and the keys of its own chain — step i's at
         slot s-j+i, i = 1..j — exactly the slots a decode round's (j+1)-th proposal sees in its cache. Slots s < j
         have no chain (their outputs are not meaningful: a loss masks them)."""
-        b, t, _ = emb.shape
-        scale = 1.0 / math.sqrt(self.hd)
+        t = emb.shape[1]
         keys, values, outs = [], [], []
         hidden = fused
         idx = torch.arange(t, device=emb.device)
@@ -212,15 +211,7 @@ class Eagle3Head(torch.nn.Module):
                 attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 real = idx[None, :] <= idx[:, None] - j  # [T, T]: key u visible from slot s when u <= s - j
-                s0 = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~real, float("-inf"))  # [B, nh, T, T]
-                diag, vals = [], []
-                for i in range(1, j + 1):  # step i's key at slot s - (j - i)
-                    shift = j - i
-                    ki, vi = _shift(keys[i], shift), _shift(values[i], shift)
-                    diag.append((q * ki).sum(-1, keepdim=True) * scale)
-                    vals.append(vi)
-                p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-                attn = p[..., :t] @ values[0] + sum(p[..., t + n: t + n + 1] * vals[n] for n in range(j))
+                attn = _chain_attention(q, keys[0], values[0], real, keys, values, j)
             out = self._finish(residual, attn)
             outs.append(out)
             hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # slot s reads step j at s-1
@@ -235,23 +226,14 @@ class Eagle3Head(torch.nn.Module):
         row (real features: every later step attends them), but its queries, attention output and MLP run at the
         window's slots, and steps 1.. run there only. A loss on a completion's slots (a window from the slot before
         its first token) reads nothing outside it, so the prompt's slots cost a projection, not a layer per step."""
-        b, t, _ = emb.shape
-        scale = 1.0 / math.sqrt(self.hd)
-        rep = self.nh // self.nkv
+        t = emb.shape[1]
 
         def gather(x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, W, D] at the window's slots
             return x.gather(1, window[..., None].expand(-1, -1, x.shape[-1]))
 
         emb_w, pos_w = gather(emb), pos.gather(1, window)
-        x, _ = self._inputs(emb, fused)
-        cos, sin = self._rotary(pos, x.dtype)
-        k0 = F.linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        k0 = (k0 * cos + _rotate_half(k0) * sin).repeat_interleave(rep, 1)  # [B, nh, T, hd]
-        v0 = F.linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2).repeat_interleave(rep, 1)
-        w = window.shape[1]
-        cos_w, sin_w = self._rotary(pos_w, x.dtype)
-        q0 = F.linear(gather(x), self.q).view(b, w, self.nh, self.hd).transpose(1, 2)
-        q0 = q0 * cos_w + _rotate_half(q0) * sin_w
+        q_all, k0, v0 = self._qkv(self._inputs(emb, fused)[0], pos)  # [B, nh, T, hd]
+        q0 = q_all.gather(2, window[:, None, :, None].expand(-1, self.nh, -1, self.hd))  # the window's queries
         idx = torch.arange(t, device=emb.device)
         seen = idx[None, None, :] <= window[:, :, None]  # [B, W, T]: key u visible from window slot s when u <= s
         outs = [self._finish(gather(fused), F.scaled_dot_product_attention(q0, k0, v0, attn_mask=seen[:, None]))]
@@ -263,16 +245,7 @@ class Eagle3Head(torch.nn.Module):
             keys.append(k)
             values.append(v)
             real = idx[None, None, :] <= window[:, :, None] - j  # [B, W, T]: real keys of slots <= s - j
-            s0 = (q @ k0.transpose(-1, -2) * scale).masked_fill(~real[:, None], float("-inf"))
-            diag, vals = [], []
-            for i in range(1, j + 1):  # step i's key at slot s - (j - i)
-                shift = j - i
-                ki, vi = _shift(keys[i], shift), _shift(values[i], shift)
-                diag.append((q * ki).sum(-1, keepdim=True) * scale)
-                vals.append(vi)
-            p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-            attn = p[..., :t] @ v0 + sum(p[..., t + n: t + n + 1] * vals[n] for n in range(j))
-            outs.append(self._finish(residual, attn))
+            outs.append(self._finish(residual, _chain_attention(q, k0, v0, real[:, None], keys, values, j)))
         return outs
 
     # -- the checkpoint --------------------------------------------------------------------------------
@@ -294,6 +267,24 @@ class Eagle3Head(torch.nn.Module):
                 if tuple(weights[name].shape) != tuple(own.shape):
                     raise ValueError(f"{name}: shape {tuple(weights[name].shape)}, the config says {tuple(own.shape)}")
                 own.copy_(weights[name])
+
+
+def _chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, real: torch.Tensor, keys: list,
+                     values: list, j: int) -> torch.Tensor:
+    """Unrolled step j's attention (j >= 1): queries `q` [B, nh, S, hd] over step 0's keys and values `k0` / `v0`
+    [B, nh, T, hd] where `real` (broadcast to [B, nh, S, T]) lets them, and over the chain's own keys — step i's at
+    slot s - (j - i), i = 1..j, from ``keys[i]`` / ``values[i]`` [B, nh, S, hd] — one softmax over both."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    t = k0.shape[2]
+    s0 = (q @ k0.transpose(-1, -2) * scale).masked_fill(~real, float("-inf"))
+    diag, vals = [], []
+    for i in range(1, j + 1):
+        shift = j - i
+        ki, vi = _shift(keys[i], shift), _shift(values[i], shift)
+        diag.append((q * ki).sum(-1, keepdim=True) * scale)
+        vals.append(vi)
+    p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    return p[..., :t] @ v0 + sum(p[..., t + n: t + n + 1] * vals[n] for n in range(j))
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
