@@ -114,6 +114,17 @@ def t975(df: int) -> float:
     return t_lo + (t_hi - t_lo) * w
 
 
+def narrowing(n: int, after: int, *, t: bool = False) -> float:
+    """The factor by which a 95% interval over `n` independent units (prompts' passes, server lives) narrows at
+    `after` units of the same spread: sqrt(n / after), times t975(after - 1) / t975(n - 1) for a t-interval
+    (`t`, n >= 2); 1.0 when `after` <= `n`. What more passes could at best do to an interval: the policy's
+    reach (eval/policy.py)."""
+    if after <= n:
+        return 1.0
+    factor = math.sqrt(n / after)
+    return factor * t975(after - 1) / t975(n - 1) if t and n >= 2 else factor
+
+
 def expanded_tail(n: int) -> float:
     """The tail probability of the expanded percentile interval for `n` >= 2 units (0.025 as n grows)."""
     z = math.sqrt(n / (n - 1)) * t975(n - 1)

@@ -14,9 +14,15 @@ cells could still change the promotion's answer? Those are, among the cells of t
   interval not wholly at or below 1) and the interval of their difference straddles ``free_margin`` (the
   training-free gate).
 
-The engines differ only in how they read their cells — the K rule, a cell's interval and the paired difference of
-two cells — which each hands the policy as a :class:`View`; how many passes a cell may take, and what one costs
-(a prompt pass, a server life), stays theirs. The policy is pure: tests drive it with hand-made views.
+An open verdict is worth more passes only where the budget left could settle it (:func:`to_measure`): its
+interval, narrowed about its centre as far as the passes still allowed could narrow it (the view's
+:meth:`View.reach`, an optimistic bound), would clear the bar. Where even that would leave the bar inside, the
+verdict stays open ("inconclusive") without spending the rest of the budget on it.
+
+The engines differ only in how they read their cells — the K rule, a cell's interval, the paired difference of
+two cells, how far the passes left could narrow an interval — which each hands the policy as a :class:`View`; how
+many passes a cell may take, and what one costs (a prompt pass, a server life), stays theirs. The policy is pure:
+tests drive it with hand-made views.
 """
 
 from __future__ import annotations
@@ -71,6 +77,11 @@ class View(Protocol):
     def difference(self, a: Cell, b: Cell) -> Optional[list[float]]:
         """The 95% interval of a's speedup minus b's, paired (the same prompts / requests), None when there is none."""
 
+    def reach(self, cells: tuple[Cell, ...]) -> float:
+        """At best, the factor (0 to 1) by which the width of an interval over `cells` narrows when they take every
+        pass the budget still allows (1.0: no pass left); optimistic, so that a verdict is given up only when even
+        that could not settle it."""
+
 
 @dataclass(frozen=True)
 class Roles:
@@ -117,25 +128,54 @@ def rival(view: View, roles: Roles) -> Optional[Cell]:
     return best and best[1]
 
 
-def unsettled(view: View, roles: Roles, contract: Contract) -> list[Cell]:
-    """The cells whose measurement could still change a verdict of `contract` (module docstring), without repeats,
-    in a stable order; [] when every verdict is settled (or the contract has no bar)."""
+Check = tuple[tuple[Cell, ...], Optional[list[float]], float]  # (the cells measured for it, its interval, the bar)
+
+
+def _checks(view: View, roles: Roles, contract: Contract) -> list[Check]:
+    """Every verdict of `contract` as (its cells, its interval, the bar the interval must clear), in a stable order
+    (module docstring); [] without a bar."""
     if not contract.at:
         return []
-    todo: list[Cell] = []
+    checks: list[Check] = []
     chosen: dict[str, Cell] = {}
     for name in (roles.candidate, roles.production):
         choice = view.choice(name) if name else None
         if choice is None:
             continue
         chosen[name] = (name, choice[0])
-        todo += [(name, k) for k in choice[1] if any(_open(view.interval((name, k)), bar) for bar in contract.at)]
+        checks += [(((name, k),), view.interval((name, k)), bar) for k in choice[1] for bar in contract.at]
     mine = chosen.get(roles.candidate)
     if contract.margin is not None and mine and roles.production in chosen:
         theirs = chosen[roles.production]
-        if _open(view.difference(mine, theirs), contract.margin):
-            todo += [mine, theirs]
+        checks.append(((mine, theirs), view.difference(mine, theirs), contract.margin))
     free = rival(view, roles) if contract.free_margin is not None and mine else None
-    if free is not None and may_pay(view, free) and _open(view.difference(mine, free), contract.free_margin):
-        todo += [mine, free]
-    return list(dict.fromkeys(todo))
+    if free is not None and may_pay(view, free):
+        checks.append(((mine, free), view.difference(mine, free), contract.free_margin))
+    return checks
+
+
+def _cells_of(checks: list[Check]) -> list[Cell]:
+    return list(dict.fromkeys(cell for cells, _, _ in checks for cell in cells))
+
+
+def unsettled(view: View, roles: Roles, contract: Contract) -> list[Cell]:
+    """The cells whose measurement could still change a verdict of `contract` (module docstring), without repeats,
+    in a stable order; [] when every verdict is settled (or the contract has no bar)."""
+    return _cells_of([c for c in _checks(view, roles, contract) if _open(c[1], c[2])])
+
+
+def settleable(ci: Optional[list[float]], bar: float, reach: float) -> bool:
+    """Whether an open verdict (`ci` straddles `bar`, or no interval yet) could be settled by the passes left:
+    `ci` narrowed about its centre by the factor `reach` would clear `bar`. No interval yet: always worth a pass."""
+    if verdict(ci, bar) == UNKNOWN:
+        return True
+    lo, hi = ci
+    centre, half = (lo + hi) / 2, (hi - lo) / 2 * reach
+    return verdict([centre - half, centre + half], bar) != STRADDLES
+
+
+def to_measure(view: View, roles: Roles, contract: Contract) -> list[Cell]:
+    """The cells worth another pass: those of the open verdicts (:func:`unsettled`) that the budget left could
+    settle (:func:`settleable` at the view's :meth:`View.reach` of their cells); [] when none could."""
+    return _cells_of([c for c in _checks(view, roles, contract)
+                      if _open(c[1], c[2]) and settleable(c[1], c[2], view.reach(c[0]))])

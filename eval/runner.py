@@ -47,8 +47,8 @@ from draftsmith.decode.timing import cost_ratios, mid_decode_context
 from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, with_training_free
-from draftsmith.eval.intervals import Units, choose_k, difference_ci, units_from_passes
-from draftsmith.eval.policy import Contract, Roles, unsettled
+from draftsmith.eval.intervals import Units, choose_k, difference_ci, narrowing, units_from_passes
+from draftsmith.eval.policy import Contract, Roles, to_measure, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 
 HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
@@ -321,11 +321,13 @@ def cell_entry(cell: Cell, record: CellRecord) -> dict:
 class _Pass:
     """The eval's cells at the lowest temperature as eval/policy.py reads them: the K rule is choose_k over the
     prompts' paired times (its bars the contract's), a cell's interval its record's, the difference of two cells
-    the paired bootstrap over the prompts both ran (eval/intervals.py difference_ci)."""
+    the paired bootstrap over the prompts both ran (eval/intervals.py difference_ci), the reach of passes up to
+    `max_repeats` sqrt(repeats / max_repeats) (optimistic: a pass repeats the same prompts)."""
 
-    def __init__(self, cells: list[Cell], temperature: float, bars):
+    def __init__(self, cells: list[Cell], temperature: float, bars, max_repeats: int = 0):
         self.cells = {(c.draft, c.k): c for c in cells if c.temperature == temperature}
         self.bars = tuple(bars) or (1.0,)
+        self.max_repeats = max_repeats
 
     def choice(self, name: str):
         mine = {k: c for (n, k), c in self.cells.items() if n == name}
@@ -343,21 +345,25 @@ class _Pass:
     def difference(self, a, b):
         return difference_ci(self.cells[a].units(), self.cells[b].units())
 
+    def reach(self, cells):
+        return min(narrowing(self.cells[c].repeats, self.max_repeats) for c in cells)
 
-def undecided(cfg: EvalConfig, cells: list[Cell]) -> list[Cell]:
-    """The cells whose verdict more repeats could still settle (eval/policy.py unsettled, at the lowest
-    temperature; empty without a bar in ``cfg.decide``)."""
+
+def undecided(cfg: EvalConfig, cells: list[Cell], *, worth: bool = False) -> list[Cell]:
+    """The cells whose verdict is still open (eval/policy.py unsettled, at the lowest temperature; empty without a
+    bar in ``cfg.decide``); `worth`: only those the passes left up to eval.max_repeats could settle (to_measure)."""
     if cfg.decide is None:
         return []
-    view = _Pass(cells, min(cfg.temperature), cfg.decide.at)
+    view = _Pass(cells, min(cfg.temperature), cfg.decide.at, cfg.max_repeats)
     roles = Roles.of(with_training_free(cfg.drafts, cfg.baselines, "eval.baselines"))
-    return [view.cells[c] for c in unsettled(view, roles, cfg.decide)]
+    return [view.cells[c] for c in (to_measure if worth else unsettled)(view, roles, cfg.decide)]
 
 
 def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, clock=time.monotonic) -> dict:
     """Add passes to the undecided cells (:func:`undecided`) until every verdict is decided, each has
-    eval.max_repeats passes, or eval.time_budget_s (counted from `started`) is spent; `measure(cells)` runs one pass
-    of each of them side by side (one group of :func:`same_pass`).
+    eval.max_repeats passes, the passes left could not settle what is open (eval/policy.py to_measure), or
+    eval.time_budget_s (counted from `started`) is spent; `measure(cells)` runs one pass of each of them side by
+    side (one group of :func:`same_pass`).
 
     -> metrics.json's "repeats": {"initial", "max", "time_budget_s", "rounds" (added passes), "seconds",
     "stopped": why it stopped, "undecided": the cells still undecided ("draft K=k")}.
@@ -368,9 +374,13 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
         if not todo:
             stopped = "decided" if cfg.decide and cfg.decide.at else "no verdict to settle (no decision contract)"
             break
-        room = [c for c in todo if c.repeats < cfg.max_repeats]
-        if not room:
+        if all(c.repeats >= cfg.max_repeats for c in todo):
             stopped = f"eval.max_repeats={cfg.max_repeats} reached"
+            break
+        room = [c for c in undecided(cfg, cells, worth=True) if c.repeats < cfg.max_repeats]
+        if not room:
+            stopped = (f"the passes left up to eval.max_repeats={cfg.max_repeats} could not settle it (each open "
+                       "interval, narrowed as far as they could narrow it, would still hold its bar)")
             break
         if cfg.time_budget_s and clock() - started >= cfg.time_budget_s:
             stopped = f"eval.time_budget_s={cfg.time_budget_s:g} spent"

@@ -33,7 +33,8 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
                                      "speedup_ci95", "indistinguishable", "pays", ...]}},
      "scheduled": {"draft", "bands", "schedule": [[start, end, K], ...], "cells": [cells with "k": None and
                    "column": "scheduled"], "tracking", "tracks", ["error"]} | None,
-     "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}]} | None,
+     "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}],
+     "stopped": why the passes stopped} | None,
      "decision_servers": {"concurrency", "servers", "cells": [{"draft", "k", "lives", "passes"}]} | None,
      "capacity": eval/capacity.py capacity_at_slo (with serve.slo_tpot_ms / slo_ttft_ms) | None,
      "warnings", "plots", "logs"}
@@ -58,19 +59,20 @@ from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.decode.ngram import is_ngram_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
-from draftsmith.eval.policy import Contract, Roles, may_pay, rival, unsettled
+from draftsmith.eval.policy import Contract, Roles, may_pay, rival, to_measure, unsettled
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
-                                          contenders, decision_level, k_bands, make_cell, merge_passes, summarize,
-                                          summary_lines)
+                                          contenders, decision_level, k_bands, make_cell, merge_passes, passes_reach,
+                                          summarize, summary_lines)
 from draftsmith.eval.settings import ServingSettings, candidate_name, with_training_free
 
 SCHEMA_VERSION = 1
 SERVERS_GPU_SHARE = 0.9  # serve.interleave on a GPU without serve.gpu_memory_utilization: what the servers up at
 # once share equally (two: 0.45 each)
 Levels = list[tuple[str, float]]  # ("concurrency", 4) | ("request_rate", 2.0)
+Cell = tuple[str, int]  # (proposer name, K): eval/policy.py's
 
 
 def levels_of(settings: ServingSettings) -> Levels:
@@ -103,7 +105,8 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     speculates by prompt lookup (serve.baselines), which may find nothing to propose at a level (no error then)."""
     if baseline_url is None:
         return _drive([(url, spec, server)], prompts, settings, log=log, levels=levels, passes=passes,
-                      into={url: into[0]} if into is not None else None, warmup=warmup, lookup=lookup)[url]
+                      into={url: into[0]} if into is not None else None, warmup=warmup,
+                      lookup={url} if lookup else set())[url]
     [runs] = drive_together([url], baseline_url, prompts, settings, log=log, levels=levels, passes=passes,
                             into=[into] if into is not None else None, warmup=warmup, servers=[server], lookup=lookup)
     return runs
@@ -112,21 +115,24 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
 def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]], settings: ServingSettings, *,
                    log=print, levels: Optional[Levels] = None, passes: Optional[int] = None,
                    into: Optional[list[tuple[Runs, Runs]]] = None, warmup: bool = True,
-                   servers: Optional[list[Optional[str]]] = None, lookup: bool = False) -> list[tuple[Runs, Runs]]:
+                   servers: Optional[list[Optional[str]]] = None,
+                   lookup: bool | list[bool] = False) -> list[tuple[Runs, Runs]]:
     """:func:`drive` for several speculative servers (`urls`: one draft x K each) up beside one plain server: every
     pass of a level runs the plain server once and each speculative one, back to back (eval/order.py interleaved:
     rotated by level, reversed every other pass, so that over two passes no side runs before another more often
     than after it), and the plain pass is the one every speculative pass of
     that round is compared with -> [(spec runs, plain runs)] per url. `into`: per url, the (spec, plain) runs to
-    add these passes to; `servers`: per url, the label stamped on its passes (its server life)."""
+    add these passes to; `servers`: per url, the label stamped on its passes (its server life); `lookup`: whether
+    they speculate by prompt lookup (:func:`drive`), for all or per url."""
     labels = servers or [None] * len(urls)
+    lookups = lookup if isinstance(lookup, list) else [lookup] * len(urls)
     sides = [(u, True, lab) for u, lab in zip(urls, labels)] + [(baseline_url, False, labels[0] if len(urls) == 1
                                                                  else None)]
     before = None
     if into is not None:  # the passes already taken: the plain side's are the first url's (rotation follows them)
         before = {**{u: runs[0] for u, runs in zip(urls, into)}, baseline_url: into[0][1]}
     new = _drive(sides, prompts, settings, log=log, levels=levels, passes=passes, into=before, warmup=warmup,
-                 keep=False, lookup=lookup)
+                 keep=False, lookup={u for u, quiet in zip(urls, lookups) if quiet})
     plain_new = new[baseline_url]
     out = []
     for i, u in enumerate(urls):
@@ -137,11 +143,11 @@ def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]],
 
 def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]], settings: ServingSettings, *,
            log=print, levels: Optional[Levels] = None, passes: Optional[int] = None, into: Optional[dict] = None,
-           warmup: bool = True, keep: bool = True, lookup: bool = False) -> dict[str, Runs]:
+           warmup: bool = True, keep: bool = True, lookup: set[str] = frozenset()) -> dict[str, Runs]:
     """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
     side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into`
     {url: runs}: passes already taken (counted for the order; with `keep` the new passes are added to them, else
-    only the new passes are returned)."""
+    only the new passes are returned); `lookup`: the urls that speculate by prompt lookup (may draft nothing)."""
     from draftsmith.serve.errors import VllmError
 
     models = {u: served_model(u, key="serve.url" if is_spec else "serve.baseline_url") for u, is_spec, _ in sides}
@@ -164,7 +170,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
-                    if not counters.drafts and not lookup:  # prompt lookup may find no repeat to propose
+                    if not counters.drafts and u not in lookup:  # prompt lookup may find no repeat to propose
                         raise VllmError(f"{u} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total "
                                         "did not move): is speculation on at that server?")
                 out[u] = _merged(out[u], {(kind, level): ([load], counters)})
@@ -465,74 +471,73 @@ class _Launched:
         """serve.decision_servers: at the decision level, each deciding proposer's chosen cell — and every K the
         choice could go to on other measurements (serving_stats.contenders: indistinguishable after the first passes,
         or an interval overlapping the fastest K's), so that the choice between them is not taken on one server life
-        — measured on that many more server lives (a newly started plain and spec server each, one pass), so that
-        their intervals hold what changes from one server start to the next."""
+        — measured on that many more server lives (:meth:`life`: one newly started plain server and a spec server
+        per cell, one pass each), so that their intervals hold what changes from one server start to the next."""
         level = self.decision_concurrency()
         if level is None or not self.settings.decision_servers:
             return
         self.lives = {"concurrency": level, "servers": self.settings.decision_servers, "cells": []}
+        tied_of: dict[str, tuple[int, list[int]]] = {}
         for name in self.deciding(level):
             mine = [c for c in self.cells if c["draft"] == name and c["concurrency"] == level and c["k"] is not None]
             choice = best_k_per_concurrency(mine)[0] if mine else {}
             chosen = choice.get("k") or choice.get("best_speedup_k")
-            if not chosen:
-                continue
-            tied = sorted({chosen, *contenders(mine)})
-            for i in range(self.settings.decision_servers):  # the K of one life in turn: a slow spell hits them alike
-                if len(tied) == 1:
-                    self.new_life(name, [chosen], level, [f"{_slug(name)}-k{chosen}-life{i + 2}"])
-                    continue
-                # one new plain server per life, beside new spec servers for the K (serve.k_at_once of them at
-                # once; the first ones start with it): one server start fewer per K after the first
-                plain_srv = self.server(f"plain-{_slug(name)}-life{i + 2}")
-                plain_srv.start()
-                try:
-                    for group in chunked(tied, self.at_once):
-                        self.new_life(name, group, level, [f"{_slug(name)}-k{kk}-life{i + 2}" for kk in group],
-                                      plain=plain_srv)
-                finally:
-                    plain_srv.stop()
+            if chosen:
+                tied_of[name] = (chosen, sorted({chosen, *contenders(mine)}))
+        cells = [(name, kk) for name, (_, tied) in tied_of.items() for kk in tied]
+        for i in range(self.settings.decision_servers):  # every cell once per life: a slow spell hits them alike
+            self.life(cells, level, f"life{i + 2}")
+        for name, (chosen, tied) in tied_of.items():
             for kk in tied:
                 loads = self.raw[(name, kk)][0][("concurrency", level)][0]
                 self.lives["cells"].append({"draft": name, "k": kk, "lives": len({load.server for load in loads}),
                                             "passes": len(loads), "chosen_before": kk == chosen, "contenders": tied})
 
-    def new_life(self, name: str, group: list[int], level: int, labels: list[str],
-                 plain: Optional[VllmServer] = None) -> bool:
-        """One pass of the cells (name, K) for K in `group` at `level` on newly started servers: a plain server and
-        one spec server per K (`labels`: theirs), the spec passes in turn beside one plain pass (`plain`: a plain
-        server of this life already started, beside which only the spec servers start); False when they would
-        not start or serve (said in serving.json's warnings: the cells keep the lives they have, and the
-        measurements already taken are not lost)."""
+    def life(self, cells: list[Cell], level: int, tag: str) -> list[Cell]:
+        """One pass of every (proposer, K) of `cells` at `level` on newly started servers — one plain server
+        (``plain-TAG``) and a spec server per cell (``NAME-kK-TAG``), serve.k_at_once of them up at once beside
+        the plain one (all on the CPU), each group's passes in turn beside one plain pass — so that the candidate,
+        its K contenders and its rival share one plain server start instead of one each -> the cells measured.
+        A group that would not start or serve is said in serving.json's warnings and left out (its cells keep the
+        lives they have; the measurements already taken are not lost)."""
         from draftsmith.serve.errors import VllmError
 
-        def one_pass(srvs: list[VllmServer], plain_srv: VllmServer):
-            return drive_together([srv.url for srv in srvs], plain_srv.url, self.prompts, self.settings,
-                                  levels=[("concurrency", level)], passes=1,
-                                  into=[self.raw[(name, kk)] for kk in group], servers=labels, log=self.log,
-                                  lookup=name in self.lookup)
-
-        plain_log = plain.log_path.name if plain is not None else f"plain-{labels[0]}.log"
-        specs = lambda: [self.server(label, str(self.drafts[name]), kk)  # noqa: E731
-                         for label, kk in zip(labels, group)]
+        size = k_at_once(self.settings, self.device, len(cells)) if self.device == "cpu" else self.at_once
+        plain = self.server(f"plain-{tag}")
+        measured: list[Cell] = []
         try:
-            if plain is None:
-                with started_together(self.server(f"plain-{labels[0]}"), *specs()) as (plain_srv, *srvs):
-                    runs = one_pass(srvs, plain_srv)  # the start-ups overlapped
-            else:
-                with started_together(*specs()) as srvs:
-                    plain.wait_healthy()  # started beside the first spec servers: up by now, or waited for
-                    runs = one_pass(list(srvs), plain)
-        except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
-            logs_named = ", ".join(f"serving_logs/{n}" for n in [plain_log] + [f"{lab}.log" for lab in labels])
-            self.failed_lives.append(f"server life {', '.join(labels)} failed: {str(exc).splitlines()[0]} (its logs: "
-                                     f"{logs_named}); the cell{'s' if len(group) > 1 else ''} kept the lives "
-                                     f"{'they' if len(group) > 1 else 'it'} had")
-            self.log(f"draftsmith: serving: {self.failed_lives[-1]}")
-            return False
-        for kk, (spec_runs, plain_runs_k) in zip(group, runs):
-            self.remeasured(name, kk, spec_runs, plain_runs_k)
-        return True
+            plain.start()  # on the CPU it comes up beside the first spec servers
+            if self.device != "cpu":
+                plain.wait_healthy()  # on a GPU one server starts after another (serve/server.py started_together)
+            for group in chunked(cells, size):
+                labels = [f"{_slug(name)}-k{kk}-{tag}" for name, kk in group]
+                try:
+                    with started_together(*[self.server(label, str(self.drafts[name]), kk)
+                                            for label, (name, kk) in zip(labels, group)]) as srvs:
+                        plain.wait_healthy()
+                        runs = drive_together([srv.url for srv in srvs], plain.url, self.prompts, self.settings,
+                                              levels=[("concurrency", level)], passes=1,
+                                              into=[self.raw[cell] for cell in group], servers=labels, log=self.log,
+                                              lookup=[name in self.lookup for name, _ in group])
+                except (VllmError, OSError) as exc:  # OSError: a server that stopped answering mid-pass
+                    self._failed(labels, plain, exc)
+                    continue
+                for cell, (spec_runs, plain_runs) in zip(group, runs):
+                    self.remeasured(*cell, spec_runs, plain_runs)
+                measured += group
+        except VllmError as exc:  # the plain server itself would not start
+            self._failed([f"{_slug(name)}-k{kk}-{tag}" for name, kk in cells if (name, kk) not in measured], plain,
+                         exc)
+        finally:
+            plain.stop()
+        return measured
+
+    def _failed(self, labels: list[str], plain: VllmServer, exc: Exception) -> None:
+        logs = ", ".join(f"serving_logs/{n}" for n in [plain.log_path.name] + [f"{lab}.log" for lab in labels])
+        self.failed_lives.append(f"server life {', '.join(labels)} failed: {str(exc).splitlines()[0]} (its logs: "
+                                 f"{logs}); the cell{'s' if len(labels) > 1 else ''} kept the lives "
+                                 f"{'they' if len(labels) > 1 else 'it'} had")
+        self.log(f"draftsmith: serving: {self.failed_lives[-1]}")
 
     def remeasured(self, name: str, kk: int, spec_runs, plain) -> None:
         """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
@@ -541,45 +546,65 @@ class _Launched:
             name, kk, spec_runs, plain, self.reference)
 
     def more_passes(self, plain_url: Optional[str]) -> None:
-        """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is undecided
-        (eval/policy.py, through :func:`undecided_serving`): each on a new server life when serve.decision_servers
-        > 0 (passes inside one life cannot narrow the spread between lives), else on one more spec server beside
-        the plain one."""
+        """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is open and that the
+        passes left could settle (eval/policy.py to_measure, through :func:`undecided_serving`): with
+        serve.decision_servers > 0 each round is one new server life (:meth:`life`) for all of them (passes inside
+        one life cannot narrow the spread between lives), else one more spec server per cell beside the plain one.
+        serving.json's ``added_passes`` says what each cell took and why the passes stopped."""
         settings, level = self.settings, self.decision_concurrency()
         if level is None or settings.max_repeats <= settings.repeats:
             return
-        self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": []}
+        self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": [], "stopped": "decided"}
+        budget = (settings.max_repeats, settings.decision_servers > 0)
+        taken: dict[Cell, int] = {}
+        given_up: set[Cell] = set()  # a life that would not start: no more tries for its cells
 
-        def open_(cell) -> bool:
-            return cell in undecided_serving(self.cells, self.drafts, level, self.decide)
+        def passes(cell: Cell) -> int:
+            return len(self.raw[cell][0][("concurrency", level)][0])
 
-        for name, kk in undecided_serving(self.cells, self.drafts, level, self.decide):
-            if not open_((name, kk)):
-                continue  # settled by the passes another cell took (a difference between two cells)
-            taken = 0
+        def todo() -> list[Cell]:
+            open_ = undecided_serving(self.cells, self.drafts, level, self.decide)
+            for cell in open_:
+                taken.setdefault(cell, 0)
+            if not open_:
+                self.added["stopped"] = "decided"
+                return []
+            worth = [c for c in undecided_serving(self.cells, self.drafts, level, self.decide, budget=budget)
+                     if passes(c) < settings.max_repeats and c not in given_up]
+            if not worth:
+                self.added["stopped"] = (
+                    f"serve.max_repeats={settings.max_repeats} reached"
+                    if all(passes(c) >= settings.max_repeats for c in open_) else
+                    "a server life would not start" if any(c in given_up for c in open_) else
+                    f"the passes left up to serve.max_repeats={settings.max_repeats} could not settle it (each open "
+                    "interval, narrowed as far as they could narrow it, would still hold its bar)")
+            return worth
 
-            def more() -> bool:
-                passes = len(self.raw[(name, kk)][0][("concurrency", level)][0])
-                return open_((name, kk)) and passes < settings.max_repeats
-
-            if settings.decision_servers:
-                while more():
-                    if not self.new_life(name, [kk], level, [f"{_slug(name)}-k{kk}-more{taken + 1}"]):
-                        break  # a pair that would not start: no more tries for this cell
-                    taken += 1
-            elif more():  # the budget may already be spent: no server started for nothing
+        if settings.decision_servers:
+            rounds = 0
+            while cells := todo():
+                rounds += 1
+                done = self.life(cells, level, f"more{rounds}")
+                given_up.update(c for c in cells if c not in done)
+                for cell in done:
+                    taken[cell] += 1
+        else:
+            for name, kk in todo():
+                if (name, kk) not in todo():
+                    continue  # settled by the passes another cell took (a difference between two cells)
                 label = f"{_slug(name)}-k{kk}-more"
                 with self.server(label, str(self.drafts[name]), kk) as srv:
-                    while more():
+                    while (name, kk) in todo():
                         spec_runs, plain = self._drive(name, srv.url, baseline_url=plain_url,
                                                        levels=[("concurrency", level)], passes=1,
-                                                       into=self.raw[(name, kk)], warmup=taken == 0,
+                                                       into=self.raw[(name, kk)], warmup=taken[(name, kk)] == 0,
                                                        server=f"{label}+plain")
-                        taken += 1
+                        taken[(name, kk)] += 1
                         self.remeasured(name, kk, spec_runs, plain)
-            self.added["cells"].append({"draft": name, "k": kk, "added": taken,
-                                        "passes": len(self.raw[(name, kk)][0][("concurrency", level)][0]),
-                                        "decided": not open_((name, kk))})
+            todo()  # why the passes stopped
+        open_ = set(undecided_serving(self.cells, self.drafts, level, self.decide))
+        self.added["cells"] = [{"draft": name, "k": kk, "added": n, "passes": passes((name, kk)),
+                                "decided": (name, kk) not in open_} for (name, kk), n in taken.items()]
 
 
 # The server topologies: in which order, and beside which plain server, the steps run. At most 1 + serve.k_at_once
@@ -635,11 +660,13 @@ def topology(settings: ServingSettings) -> str:
 class _Level:
     """The A/B's closed-loop cells at one concurrency as eval/policy.py reads them: the K rule is
     best_k_per_concurrency's, a cell's interval its speedup_ci95, the difference of two cells
-    serving_stats.cell_difference_ci (paired requests, the spread between server lives held)."""
+    serving_stats.cell_difference_ci (paired requests, the spread between server lives held), the reach of passes
+    up to `max_repeats` serving_stats.passes_reach (each a new server life with `new_lives`)."""
 
-    def __init__(self, cells: list[dict], level: int):
+    def __init__(self, cells: list[dict], level: int, max_repeats: int = 0, new_lives: bool = False):
         self.cells = {(c["draft"], c["k"]): c for c in cells if c["concurrency"] == level and c["k"] is not None
                       and c["speedup"] is not None}
+        self.max_repeats, self.new_lives = max_repeats, new_lives
 
     def choice(self, name: str):
         here = [c for (n, _), c in self.cells.items() if n == name]
@@ -657,11 +684,18 @@ class _Level:
     def difference(self, a, b):
         return cell_difference_ci(self.cells[a], self.cells[b])
 
+    def reach(self, cells):
+        return min(passes_reach(self.cells[c], self.max_repeats, new_lives=self.new_lives) for c in cells)
 
-def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contract) -> list[tuple[str, int]]:
-    """The (proposer, K) cells at concurrency `level` whose verdict more passes could settle: eval/policy.py
-    unsettled over the cells there."""
-    return unsettled(_Level(cells, level), Roles.of(drafts), decide)
+
+def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contract, *,
+                      budget: Optional[tuple[int, bool]] = None) -> list[tuple[str, int]]:
+    """The (proposer, K) cells at concurrency `level` whose verdict is open: eval/policy.py unsettled over the cells
+    there; with `budget` (serve.max_repeats, whether each added pass is a new server life) only those the passes
+    left could settle (eval/policy.py to_measure)."""
+    if budget is None:
+        return unsettled(_Level(cells, level), Roles.of(drafts), decide)
+    return to_measure(_Level(cells, level, *budget), Roles.of(drafts), decide)
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:
@@ -808,7 +842,14 @@ def report_section(serving: dict) -> str:
     if lives and lives.get("cells"):
         cells = ", ".join(f"{c['draft']} K={c['k']} ({c['lives']} lives, {c['passes']} passes)" for c in lives["cells"])
         lines += ["", f"Decision cells at concurrency {lives['concurrency']}, each measured on "
-                      f"{lives['servers']} more server lives (a new plain and spec server each): {cells}."]
+                      f"{lives['servers']} more server lives (a new plain server each, shared by the cells, and a "
+                      f"spec server per cell): {cells}."]
+    added = serving.get("added_passes")
+    if added and added.get("cells"):
+        cells = ", ".join(f"{c['draft']} K={c['k']} +{c['added']} ({'decided' if c['decided'] else 'open'})"
+                          for c in added["cells"])
+        lines += ["", f"Passes added at concurrency {added['concurrency']} (up to serve.max_repeats="
+                      f"{added['max_repeats']}): {cells}; stopped: {added.get('stopped', 'n/a')}."]
     lines += ["", *[f"- {line}" for line in summary_lines(serving)], ""]
     if serving.get("capacity"):
         lines += [capacity_markdown(serving["capacity"]), ""]

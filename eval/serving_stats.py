@@ -32,7 +32,7 @@ from typing import Optional
 
 from draftsmith.serve.metrics import SpecCounters
 from draftsmith.eval.intervals import (ABOVE, BELOW, choose_k, difference_ci, format_ci, lives_ci,  # noqa: F401
-                                      lives_ratio_ci, nested_ratio_ci, ratio, units_from_passes, verdict)
+                                      lives_ratio_ci, narrowing, nested_ratio_ci, ratio, units_from_passes, verdict)
 from draftsmith.eval.load import LoadResult
 
 
@@ -157,6 +157,19 @@ def timed_lives(timings: dict) -> Optional[list[list[list[tuple[float, float]]]]
     passes = [[(p, s) for p, s in zip(plain, spec) if p is not None and s is not None]
               for plain, spec in zip(timings["plain_s"], timings["spec_s"])]
     return [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
+
+
+def passes_reach(cell: dict, max_passes: int, *, new_lives: bool) -> float:
+    """At best, the factor by which `cell`'s interval narrows when it takes passes up to `max_passes` (eval/policy.py
+    reach; eval/intervals.py narrowing): with `new_lives` (serve.decision_servers) each added pass is a new server
+    life, and a cell on MIN_LIVES lives or more has the lives' t-interval, so the lives count; otherwise the
+    passes do (optimistic where the lives would start to count: their spread is not known yet). 1.0 when no
+    pass is left."""
+    passes, more = cell.get("repeats") or 1, max(0, max_passes - (cell.get("repeats") or 1))
+    lives = len(set((cell.get("timings") or {}).get("servers") or []))
+    if new_lives and lives >= MIN_LIVES:
+        return narrowing(lives, lives + more, t=True)
+    return narrowing(passes, passes + more)
 
 
 def cell_difference_ci(a: dict, b: dict) -> Optional[list[float]]:

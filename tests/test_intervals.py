@@ -141,6 +141,20 @@ def test_the_expanded_tail_shrinks_to_the_normal_one():
     assert expanded_tail(4) < expanded_tail(8) < expanded_tail(32) < 0.025
 
 
+def test_narrowing_by_hand():
+    """More units narrow an interval by sqrt(n / after); a t-interval's quantile falls too (3 -> 5 lives:
+    sqrt(3/5) x 2.776 / 4.303 = 0.500); nothing left to take narrows nothing."""
+    import math
+
+    from draftsmith.eval.intervals import narrowing
+
+    assert narrowing(2, 8) == pytest.approx(0.5)
+    assert narrowing(3, 5, t=True) == pytest.approx(math.sqrt(3 / 5) * 2.776 / 4.303, abs=1e-3)
+    assert narrowing(3, 5, t=True) < narrowing(3, 5)
+    assert narrowing(4, 4) == narrowing(6, 4) == narrowing(4, 4, t=True) == 1.0
+    assert narrowing(1, 4, t=True) == pytest.approx(0.5)  # one unit has no t-interval yet: sqrt alone
+
+
 def test_lives_ci_by_hand():
     """Three server lives whose speedups are 1.8, 2.0 and 2.2 (their logs' mean m and sd s): the interval is
     exp(m +- t_{0.975,2} s / sqrt(3)); identical lives give a zero-width one; one life gives none."""

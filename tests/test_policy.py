@@ -3,7 +3,9 @@ champion and the training-free differences, and the contract built from promote.
 
 from dataclasses import dataclass, field
 
-from draftsmith.eval.policy import Contract, Roles, rival, unsettled
+import pytest
+
+from draftsmith.eval.policy import Contract, Roles, rival, settleable, to_measure, unsettled
 
 
 @dataclass
@@ -14,6 +16,7 @@ class Hand:
     choices: dict
     cells: dict  # (name, k) -> (speedup, interval)
     differences: dict = field(default_factory=dict)  # ((name, k), (name, k)) -> interval
+    reaches: dict = field(default_factory=dict)  # cells -> the narrowing the budget left allows (default 0: any)
 
     def choice(self, name):
         return self.choices.get(name)
@@ -26,6 +29,9 @@ class Hand:
 
     def difference(self, a, b):
         return self.differences.get((a, b))
+
+    def reach(self, cells):
+        return self.reaches.get(cells, 0.0)
 
 
 BARS = Contract(at=(1.0, 1.1))
@@ -79,6 +85,39 @@ def test_the_training_free_difference_against_the_fastest_method_that_pays():
     # but one whose point reads below 1 on an interval that reaches above it still is (no lucky pass excuses)
     slow.cells[("ngram", 3)] = (0.95, [0.8, 1.1])
     assert unsettled(slow, Roles("trained", free=("ngram",)), free) == [("trained", 2), ("ngram", 3)]
+
+
+def test_settleable_narrows_the_interval_about_its_centre():
+    # [0.9, 1.3] about 1.1 with half-width 0.2: halved -> [1.0, 1.2] clears 0.95 but not 1.05
+    assert settleable([0.9, 1.3], 0.95, 0.5)
+    assert not settleable([0.9, 1.3], 1.05, 0.5)
+    assert settleable([0.9, 1.3], 1.05, 0.2)  # [1.06, 1.14]
+    assert not settleable([0.9, 1.3], 0.95, 1.0)  # no pass left: nothing narrows
+    assert settleable(None, 1.0, 1.0)  # no interval yet: a pass is always worth taking
+    assert settleable([-0.3, 0.1], 0.0, 0.25) and not settleable([-0.3, 0.1], 0.0, 0.6)  # a difference below 0
+
+
+def test_only_verdicts_the_budget_could_settle_are_measured():
+    """An open verdict whose interval, narrowed as far as the passes left allow, still holds the bar is given up
+    (it stays open: unsettled still names it); the others are measured."""
+    view = Hand({"trained": (2, [2]), "ngram": (2, [2])},
+                {("trained", 2): (1.6, [1.3, 1.9]), ("ngram", 2): (1.55, [1.3, 1.8])},
+                {(("trained", 2), ("ngram", 2)): [-0.45, 0.35]})
+    roles, free = Roles("trained", free=("ngram",)), Contract(at=(1.1,), free_margin=0.0)
+    pair = (("trained", 2), ("ngram", 2))
+    assert unsettled(view, roles, free) == to_measure(view, roles, free) == list(pair)
+    view.reaches[pair] = 0.5  # [-0.25, 0.15]: the budget cannot take the difference off 0
+    assert to_measure(view, roles, free) == []
+    assert unsettled(view, roles, free) == list(pair)  # still open: inconclusive, not decided
+    view.differences[pair] = [-0.1, 0.5]  # centre 0.2, half 0.3 -> [0.05, 0.35] at 0.5: worth it
+    assert to_measure(view, roles, free) == list(pair)
+    # a bar check narrows by its own cell's reach, not the pair's
+    view.cells[("trained", 2)] = (1.3, [1.0, 1.6])
+    view.differences[pair] = [0.2, 0.5]
+    view.reaches[(("trained", 2),)] = 0.5  # [1.15, 1.45] would clear 1.1
+    assert to_measure(view, roles, free) == [("trained", 2)]
+    view.reaches[(("trained", 2),)] = 0.9
+    assert to_measure(view, roles, free) == []
 
 
 def test_the_contract_from_promote_settings():

@@ -65,14 +65,32 @@ def test_a_clear_verdict_takes_no_more_passes():
     assert cells[0].repeats == 1
 
 
-def test_a_straddling_cell_is_measured_until_max_repeats_and_stays_undecided():
+def test_a_straddling_cell_the_budget_cannot_settle_takes_no_pass_and_stays_undecided():
+    """Prompts that straddle the bar: the interval after one pass, [0.80, 1.52], narrowed by the most three more
+    passes could do (sqrt(1/4)), still holds 1.0 and 1.1: no pass is spent on it."""
     cfg = config(max_repeats=4)
     timer = Timer({("trained", 2): SPREAD}, noise=0.02)  # prompts straddle the bar: no number of passes settles it
     cells = cells_after_first_pass(cfg, timer)
-    assert undecided(cfg, cells) == cells
+    assert undecided(cfg, cells) == cells and undecided(cfg, cells, worth=True) == []
     stop = more_repeats(cfg, cells, timer, started=0.0, clock=lambda: 1.0)
-    assert cells[0].repeats == 4 and stop["rounds"] == 3
-    assert stop["stopped"] == "eval.max_repeats=4 reached" and stop["undecided"] == ["trained K=2"]
+    assert cells[0].repeats == 1 and stop["rounds"] == 0 and stop["undecided"] == ["trained K=2"]
+    assert stop["stopped"].startswith("the passes left up to eval.max_repeats=4 could not settle it")
+    # a larger budget is tried (its optimistic reach could settle it) until what is left could not
+    cfg = config(max_repeats=20)
+    cells = cells_after_first_pass(cfg, timer)
+    stop = more_repeats(cfg, cells, timer, started=0.0, clock=lambda: 1.0)
+    assert 1 < cells[0].repeats < 20 and stop["stopped"].startswith("the passes left up to eval.max_repeats=20")
+
+
+def test_a_cell_the_budget_could_settle_is_measured_until_max_repeats():
+    """[0.93, 1.60] about 1.27 after one pass: narrowed by sqrt(1/2) it would clear 1.0 (not 1.1), so the one pass
+    left is taken; the interval, [1.08, 1.55], then still straddles 1.1, and the budget is spent."""
+    cfg = config(max_repeats=2)
+    timer = Timer({("trained", 2): 1.25}, noise=0.3, seed=1)
+    cells = cells_after_first_pass(cfg, timer)
+    stop = more_repeats(cfg, cells, timer, started=0.0, clock=lambda: 1.0)
+    assert cells[0].repeats == 2 and stop["rounds"] == 1
+    assert stop["stopped"] == "eval.max_repeats=2 reached" and stop["undecided"] == ["trained K=2"]
 
 
 def test_more_passes_settle_a_noisy_but_clear_gain():

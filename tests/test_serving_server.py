@@ -248,9 +248,10 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
 
     calls = []
 
-    def undecided(cells, drafts, level, decide):
+    def undecided(cells, drafts, level, decide, budget=None):
         calls.append(level)
-        return [("trained", 2)] if len(calls) <= 4 else []  # the list, the re-check, the first check, one pass
+        (cell,) = [c for c in cells if c["concurrency"] == level]
+        return [("trained", 2)] if cell["repeats"] < 2 else []  # decided after one added pass
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
     settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1, 2], max_tokens=4, max_prompts=2, warmup=0,
@@ -260,7 +261,7 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
                              log=lambda *_: None)
     assert set(calls) == {2}  # promote.serving_concurrency=2 is measured: the passes go there
-    assert serving["added_passes"] == {"concurrency": 2, "max_repeats": 3,
+    assert serving["added_passes"] == {"concurrency": 2, "max_repeats": 3, "stopped": "decided",
                                        "cells": [{"draft": "trained", "k": 2, "added": 1, "passes": 2,
                                                   "decided": True}]}
     by_level = {c["concurrency"]: c for c in serving["cells"]}
@@ -280,8 +281,8 @@ def test_the_decision_cell_is_measured_on_more_server_lives(fake, tmp_path):
                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval", decide=decide,
                              log=lambda *_: None)
     assert serving["logs"] == ["serving_logs/plain.log", "serving_logs/trained-k2.log",
-                               "serving_logs/plain-trained-k2-life2.log", "serving_logs/trained-k2-life2.log",
-                               "serving_logs/plain-trained-k2-life3.log", "serving_logs/trained-k2-life3.log"]
+                               "serving_logs/plain-life2.log", "serving_logs/trained-k2-life2.log",
+                               "serving_logs/plain-life3.log", "serving_logs/trained-k2-life3.log"]
     by_level = {c["concurrency"]: c for c in serving["cells"]}
     assert by_level[2]["timings"]["servers"] == ["trained-k2+plain", "trained-k2+plain", "trained-k2-life2",
                                                  "trained-k2-life3"]
@@ -321,7 +322,7 @@ def test_every_k_indistinguishable_from_the_chosen_one_gets_the_decision_lives(f
                      "serving_logs/trained-k2-life3.log", "serving_logs/trained-k3-life3.log"]
     # one new plain server per life, beside both K's spec servers in turn
     assert [log for log in serving["logs"] if "life" in log and "plain" in log] == [
-        "serving_logs/plain-trained-life2.log", "serving_logs/plain-trained-life3.log"]
+        "serving_logs/plain-life2.log", "serving_logs/plain-life3.log"]
     by_k = {c["k"]: c for c in serving["cells"]}
     assert by_k[2]["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-life3"]
     assert by_k[3]["timings"]["servers"] == ["trained-k3+plain", "trained-k3-life2", "trained-k3-life3"]
@@ -344,7 +345,7 @@ def test_a_server_life_that_will_not_start_is_said_and_the_cell_keeps_its_lives(
         return real(*servers)
 
     monkeypatch.setattr(serving_mod, "started_together", flaky)
-    monkeypatch.setattr(serving_mod, "undecided_serving", lambda *a: [("trained", 2)])  # never decided
+    monkeypatch.setattr(serving_mod, "undecided_serving", lambda *a, **k: [("trained", 2)])  # never decided
     settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2, max_repeats=5)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
@@ -359,17 +360,16 @@ def test_a_server_life_that_will_not_start_is_said_and_the_cell_keeps_its_lives(
     assert "serving_logs/trained-k2-life3.log" in failed[0]
     assert serving["added_passes"]["cells"] == [{"draft": "trained", "k": 2, "added": 0, "passes": 2,
                                                  "decided": False}]
+    assert serving["added_passes"]["stopped"] == "a server life would not start"
     assert all_gone(tmp_path / "pids")
 
 
 def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path, monkeypatch):
     from draftsmith.eval import serving as serving_mod
 
-    calls = []
-
-    def undecided(cells, drafts, level, decide):
-        calls.append(level)
-        return [("trained", 2)] if len(calls) <= 3 else []  # the list, the re-check, one added life; then decided
+    def undecided(cells, drafts, level, decide, budget=None):
+        (cell,) = cells
+        return [("trained", 2)] if cell["repeats"] < 3 else []  # one added life, then decided
 
     monkeypatch.setattr(serving_mod, "undecided_serving", undecided)
     settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
@@ -381,7 +381,49 @@ def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path
     (cell,) = serving["cells"]
     assert cell["timings"]["servers"] == ["trained-k2+plain", "trained-k2-life2", "trained-k2-more1"]
     assert serving["added_passes"]["cells"] == [{"draft": "trained", "k": 2, "added": 1, "passes": 3, "decided": True}]
-    assert "serving_logs/plain-trained-k2-more1.log" in serving["logs"] and all_gone(tmp_path / "pids")
+    assert "serving_logs/plain-more1.log" in serving["logs"] and all_gone(tmp_path / "pids")
+
+
+def test_the_candidate_and_its_rival_share_each_life_s_plain_server(fake, tmp_path, monkeypatch):
+    """With a training-free rival that may pay, each decision life starts one plain server and the spec servers
+    of both (started together on the CPU): two lives cost 2 x 3 server starts, not 2 x (2 + 2); each pass of the
+    life runs the plain server once beside both, so both cells are compared with that one plain pass."""
+    groups = _spy_started_together(monkeypatch)
+    monkeypatch.setenv("FAKE_VLLM_TPOT", "0.02")  # speculation ~1.7x: lookup may pay, so it is a deciding rival
+    settings = ServingSettings(engine="vllm", baselines=["ngram"], concurrency=[1], max_tokens=4, max_prompts=2,
+                               warmup=0, python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=2,
+                               max_repeats=3)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide=Contract(at=(1.0,), free_margin=0.0, concurrency=1, schedule=False),
+                             log=lambda *_: None)
+    assert [log for log in serving["logs"] if "life" in log] == [
+        "serving_logs/plain-life2.log", "serving_logs/trained-k2-life2.log", "serving_logs/ngram-k2-life2.log",
+        "serving_logs/plain-life3.log", "serving_logs/trained-k2-life3.log", "serving_logs/ngram-k2-life3.log"]
+    assert ["trained-k2-life2", "ngram-k2-life2"] in groups and ["trained-k2-life3", "ngram-k2-life3"] in groups
+    cells = {c["draft"]: c for c in serving["cells"]}
+    assert cells["ngram"]["timings"]["servers"] == ["ngram-k2+plain", "ngram-k2-life2", "ngram-k2-life3"]
+    assert cells["trained"]["timings"]["plain_s"][1:] == cells["ngram"]["timings"]["plain_s"][1:]  # one plain pass
+    assert [(c["draft"], c["lives"]) for c in serving["decision_servers"]["cells"]] == [("trained", 3), ("ngram", 3)]
+    assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 + 2 * 3 and all_gone(tmp_path / "pids")
+
+
+def test_no_pass_is_added_where_the_passes_left_could_not_settle_the_verdict(fake, tmp_path, monkeypatch):
+    """An open verdict that the budget left could not settle (eval/policy.py to_measure names nothing) starts no
+    server: the cell stays undecided, and serving.json says why the passes stopped."""
+    from draftsmith.eval import serving as serving_mod
+
+    monkeypatch.setattr(serving_mod, "undecided_serving",
+                        lambda cells, drafts, level, decide, budget=None: [] if budget else [("trained", 2)])
+    settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
+                               python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=1, max_repeats=5)
+    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],
+                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
+                             decide=Contract(at=(1.0,), concurrency=1, schedule=False), log=lambda *_: None)
+    added = serving["added_passes"]
+    assert added["cells"] == [{"draft": "trained", "k": 2, "added": 0, "passes": 2, "decided": False}]
+    assert added["stopped"].startswith("the passes left up to serve.max_repeats=5 could not settle it")
+    assert not any("more" in log for log in serving["logs"]) and all_gone(tmp_path / "pids")
 
 
 def test_fresh_servers_start_a_plain_and_a_spec_server_for_every_pass(fake, tmp_path):

@@ -333,6 +333,20 @@ def test_undecided_serving_names_the_cells_more_passes_could_settle():
     assert undecided_serving([clear, ngram], {"trained": "d", "ngram": "ngram:2-4"}, 4, decide) == []  # no free gate
 
 
+def test_passes_reach_counts_lives_where_added_passes_are_new_lives():
+    """The most more passes could narrow a serving cell's interval: with new server lives and MIN_LIVES lives
+    already, the lives' t-interval (3 lives, up to 5 passes from 4: 4 lives); else the passes (4 -> 6)."""
+    from draftsmith.eval.intervals import narrowing
+    from draftsmith.eval.serving_stats import passes_reach
+
+    cell = {"repeats": 4, "timings": {"servers": ["a+plain", "a+plain", "a-life2", "a-life3"]}}
+    assert passes_reach(cell, 6, new_lives=True) == pytest.approx(narrowing(3, 5, t=True))
+    assert passes_reach(cell, 6, new_lives=False) == pytest.approx(narrowing(4, 6))
+    two = {"repeats": 2, "timings": {"servers": ["a+plain", "a-life2"]}}  # too few lives: the passes count
+    assert passes_reach(two, 5, new_lives=True) == pytest.approx(narrowing(2, 5))
+    assert passes_reach(cell, 4, new_lives=True) == 1.0  # none left
+
+
 def test_interleaved_servers_must_both_fit():
     from draftsmith.artifacts.errors import ConfigError
 
