@@ -219,8 +219,9 @@ class ServingTable:
 
     @property
     def scheduled_cells(self) -> list[dict]:
-        """The cells of the exported K schedule's column (empty when it was not measured)."""
-        return (self.doc.get("scheduled") or {}).get("cells") or []
+        """The cells of the K schedules' columns, the candidate's and the training-free rival's (empty when they were
+        not measured)."""
+        return [c for key in ("scheduled", "scheduled_free") for c in (self.doc.get(key) or {}).get("cells") or []]
 
     @property
     def drafts(self) -> dict[str, str]:

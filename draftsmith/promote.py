@@ -492,11 +492,13 @@ def _serving_candidate(serving: ServingTable | None, name: str, metrics: EvalMet
 
 
 def _schedule_measured(serving: ServingTable, name: str) -> dict | None:
-    """The exported K schedule's own column of the serving A/B, when it was measured for `name`: the schedule,
+    """The exported K schedule's own column of the serving A/B, when it was measured for `name` (the candidate's,
+    or the training-free rival's "scheduled_free"): the schedule,
     whether it tracked the best static choice at every level, the levels where it did not, and what that means
     (eval/serving_stats.py schedule_shortfall) — so the registry version says how its own configuration served."""
-    sched = serving.doc.get("scheduled") or {}
-    if sched.get("draft") != name or not sched.get("tracking"):
+    sched = next((s for s in (serving.doc.get("scheduled"), serving.doc.get("scheduled_free"))
+                  if s and s.get("draft") == name), None) or {}
+    if not sched.get("tracking"):
         return None
     return {"schedule": sched["schedule"], "tracks": sched.get("tracks"),
             "not_tracked_at": [r["concurrency"] for r in sched["tracking"] if r.get("agrees") is False],

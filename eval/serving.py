@@ -33,6 +33,8 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
                                      "speedup_ci95", "indistinguishable", "pays", ...]}},
      "scheduled": {"draft", "bands", "schedule": [[start, end, K], ...], "cells": [cells with "k": None and
                    "column": "scheduled"], "tracking", "tracks", ["error"]} | None,
+     "scheduled_free": the same for the training-free rival a verdict is taken on (its schedule, should promotion
+                       record "no draft needed") | None,
      "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}],
      "stopped": why the passes stopped} | None,
      "decision_servers": {"concurrency", "servers", "cells": [{"draft", "k", "lives", "passes"}]} | None,
@@ -54,7 +56,7 @@ from typing import Optional
 from draftsmith.artifacts.formats import write_serving
 from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
-from draftsmith.serve.schedule import batch_size_schedule, describe_schedule
+from draftsmith.serve.schedule import batch_size_schedule, describe_schedule, speculated_ks
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.decode.ngram import is_ngram_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
@@ -219,11 +221,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:60]
 
 
-def _cells(draft, k, spec_runs, plain_runs, reference) -> list[dict]:
+def _cells(draft, k, spec_runs, plain_runs, reference, full_positions: Optional[int] = None) -> list[dict]:
     cells = []
     for level, (loads, counters) in spec_runs.items():
         plains = plain_runs[level][0]
-        cell = make_cell(draft, k, loads, plains, counters)
+        cell = make_cell(draft, k, loads, plains, counters, full_positions)
         if reference is not None:
             cell["spec_equals_reference"] = compare_reference(merge_passes(loads), reference)
             cell["plain_equals_reference"] = compare_reference(merge_passes(plains), reference)
@@ -274,7 +276,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                                       log=log)
         name = next(iter(drafts)) if len(drafts) == 1 else "served"
         cells, scheduled, logs = _cells(name, _infer_k(spec_runs), spec_runs, plain_runs, reference), None, []
-        ab = None
+        ab, scheduled_free = None, None
     else:
         drafts = with_baselines(drafts, settings)
         info = require_vllm(settings.python, key="serve.python", engine_key="serve.engine")
@@ -283,14 +285,17 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
                        reference=reference, decide=decide, device=info.get("device") or "cpu", log=log)
         TOPOLOGIES[topology(settings)](ab)
         cells, scheduled, logs = ab.cells, ab.scheduled, ab.logs
+        scheduled_free = ab.scheduled_free
     closed = [c for c in cells if c["concurrency"] is not None]
     serving = {"schema_version": SCHEMA_VERSION, "engine": settings.engine, "vllm": engine, "target": target,
                "drafts": dict(drafts), "settings": asdict(settings), "dtype": dtype, "prompts": len(prompts),
                "requests_per_level": {f"{kind}={lvl:g}": requests_per_level(len(prompts), kind, lvl)
                                       for kind, lvl in levels_of(settings)},
                "cells": closed, "rate_cells": [c for c in cells if c["concurrency"] is None],
-               "boundary": summarize(closed), "scheduled": scheduled, "added_passes": ab and ab.added,
-               "decision_servers": ab and ab.lives, "warnings": ab_warnings(cells, scheduled, ab), "logs": logs,
+               "boundary": summarize(closed), "scheduled": scheduled, "scheduled_free": scheduled_free,
+               "added_passes": ab and ab.added, "decision_servers": ab and ab.lives,
+               "warnings": ab_warnings(cells, scheduled, ab) + (ab_warnings([], scheduled_free, None)
+                                                               if scheduled_free else []), "logs": logs,
                "capacity": capacity_at_slo(closed, slo_tpot_ms=settings.slo_tpot_ms, slo_ttft_ms=settings.slo_ttft_ms)}
     serving["plots"] = plot_serving(serving, out)
     write_serving(out, serving)
@@ -309,8 +314,8 @@ def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Lau
     out = warnings_of(cells + ((scheduled or {}).get("cells") or []))
     if (scheduled or {}).get("after_lives", 0) != 0:
         after = describe_schedule(scheduled["after_lives"]) if scheduled["after_lives"] else "one static K"
-        out.append(f"the K schedule measured ({describe_schedule(scheduled['schedule'])}) is not the one the decision "
-                   f"cells' server lives give ({after}); promotion exports the latter")
+        out.append(f"the K schedule measured for {scheduled['draft']!r} ({describe_schedule(scheduled['schedule'])}) is "
+                   f"not the one the decision cells' server lives give ({after}); promotion exports the latter")
     if ab is not None:
         out += ab.late_schedule + ab.failed_lives
         settings = ab.settings
@@ -318,8 +323,8 @@ def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Lau
             out.append(f"serve.decision_servers={settings.decision_servers} needs serve.interleave=true (a plain "
                        "server beside each spec server): the decision cell was measured on one server life")
     if (scheduled or {}).get("error"):
-        out.append(f"the measured K schedule could not be served: {scheduled['error']} (promote.k_schedule=false "
-                   "exports a static K)")
+        out.append(f"the measured K schedule of {scheduled['draft']!r} could not be served: {scheduled['error']} "
+                   "(promote.k_schedule=false exports a static K)")
     return out
 
 
@@ -348,7 +353,9 @@ class _Launched:
         self.raw: dict = {}  # (name, K) -> (spec runs, plain runs)
         self.plain_runs = None  # one server at a time: the plain passes every cell is compared with
         self.plain_ready = lambda: None  # waits for the main plain server when it was started without waiting
-        self.scheduled: Optional[dict] = None
+        self.scheduled: Optional[dict] = None  # the candidate's K schedule as a column
+        self.scheduled_free: Optional[dict] = None  # the training-free rival's (free_name's)
+        self.free_name: Optional[str] = None
         self.added: Optional[dict] = None
         self.lives: Optional[dict] = None
         self.failed_lives: list[str] = []  # server lives that would not start or serve (warnings)
@@ -380,15 +387,22 @@ class _Launched:
                 return self._drive(name, srv.url, baseline_url=plain_url, server=f"{label}+plain")
             return self._drive(name, srv.url, server=label), self.plain_runs
 
-    def measure_together(self, name: str, group: list[int], plain_url: str):
-        """The spec servers of `group` (K of one proposer) started together and driven beside the plain server:
-        [(spec runs, plain runs)] per K."""
-        labels = [f"{_slug(name)}-k{kk}" for kk in group]
+    def measure_together(self, group: list[Cell], plain_url: str):
+        """The spec servers of `group` (proposer x K cells) started together and driven beside the plain server:
+        [(spec runs, plain runs)] per cell."""
+        labels = [f"{_slug(name)}-k{kk}" for name, kk in group]
         with started_together(*[self.server(label, str(self.drafts[name]), kk)
-                                for label, kk in zip(labels, group)]) as servers:
+                                for label, (name, kk) in zip(labels, group)]) as servers:
             self.plain_ready()  # the plain server started beside the first spec servers: up by now, or waited for
             return drive_together([srv.url for srv in servers], plain_url, self.prompts, self.settings, log=self.log,
-                                  servers=[f"{label}+plain" for label in labels], lookup=name in self.lookup)
+                                  servers=[f"{label}+plain" for label in labels],
+                                  lookup=[name in self.lookup for name, _ in group])
+
+    def up_at_once(self, n: int) -> int:
+        """How many of `n` spec servers run at once beside one plain server: serve.k_at_once (unset: all of them on
+        the CPU, where a server's share of memory is no reservation; on a GPU the share the servers were sized
+        for, :func:`k_at_once`)."""
+        return k_at_once(self.settings, self.device, n) if self.device == "cpu" else self.at_once
 
     def fresh_passes(self, name: str, kk: int):
         """serve.fresh_servers: every pass on a newly started plain and spec server, side by side."""
@@ -401,58 +415,82 @@ class _Launched:
         return runs
 
     def main_cells(self, plain_url: Optional[str]) -> None:
-        """Every proposer at every K and level: serve.repeats passes each."""
-        for name in self.drafts:
-            if self.settings.fresh_servers or plain_url is None:
-                runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
-                        for kk in self.k]
-            else:  # serve.k_at_once spec servers up at once beside the plain one
-                runs = [r for group in chunked(self.k, self.at_once)
-                        for r in self.measure_together(name, group, plain_url)]
-            for kk, (spec_runs, plain) in zip(self.k, runs):
-                self.raw[(name, kk)] = (spec_runs, plain)
-                self.cells += _cells(name, kk, spec_runs, plain, self.reference)
+        """Every proposer at every K and level: serve.repeats passes each — beside the plain server, as many spec
+        servers up at once as :meth:`up_at_once` allows (on the CPU every proposer x K: one plain pass per round
+        serves the candidate, its rivals and every K alike)."""
+        cells = [(name, kk) for name in self.drafts for kk in self.k]
+        if self.settings.fresh_servers or plain_url is None:
+            runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
+                    for name, kk in cells]
+        else:
+            runs = [r for group in chunked(cells, self.up_at_once(len(cells)))
+                    for r in self.measure_together(group, plain_url)]
+        for (name, kk), (spec_runs, plain) in zip(cells, runs):
+            self.raw[(name, kk)] = (spec_runs, plain)
+            self.cells += self._cells(name, kk, spec_runs, plain)
 
-    def _schedule_now(self) -> Optional[dict]:
-        return (schedule_to_measure(self.cells, self.drafts, self.k)
+    def _schedule_now(self, name: Optional[str] = None) -> Optional[dict]:
+        return (schedule_to_measure(self.cells, self.drafts, self.k, name)
                 if self.decide is None or self.decide.schedule else None)
 
+    def free_to_schedule(self) -> Optional[str]:
+        """The training-free rival whose K schedule is measured as a column too: the one a verdict is taken on at
+        the decision level (it may pay there), which promotion may record as "no draft needed" with its own
+        schedule; None without a decision to take."""
+        level = self.decision_concurrency()
+        if level is None or self.decide.free_margin is None:
+            return None
+        roles = Roles.of(self.drafts)
+        free = [n for n in self.deciding(level) if n in roles.free]
+        return free[0] if free else None
+
     def measure_schedule(self, plain_url: Optional[str]) -> None:
-        """The configuration a promotion hands vLLM (the candidate's K per batch size), measured as one more column
-        when its best K differs by level."""
+        """The configuration a promotion hands vLLM (its K per batch size), measured as one more column when the
+        best K differs by level: the candidate's (serving.json "scheduled") and the training-free rival's
+        (:meth:`free_to_schedule`, "scheduled_free")."""
+        self.scheduled = self._measure_column(self._schedule_now(), plain_url)
+        self.free_name = self.free_to_schedule()
+        if self.free_name is not None:
+            self.scheduled_free = self._measure_column(self._schedule_now(self.free_name), plain_url)
+
+    def _measure_column(self, scheduled: Optional[dict], plain_url: Optional[str]) -> Optional[dict]:
         from draftsmith.serve.errors import VllmError
 
-        self.scheduled = scheduled = self._schedule_now()
         if scheduled is None:
-            return
+            return None
         self.log(f"draftsmith: serving: the measured K schedule of {scheduled['draft']!r}: "
                  f"{describe_schedule(scheduled['schedule'])}")
         try:
             spec_runs, plain = self.measure(scheduled["draft"], None, scheduled["schedule"], plain_url=plain_url)
         except VllmError as exc:  # e.g. a vLLM without num_speculative_tokens_per_batch_size
             scheduled.update(cells=[], tracking=[], tracks=None, error=str(exc).splitlines()[0])
-            return
+            return scheduled
+        full = 1 if scheduled["draft"] in self.lookup else min(speculated_ks(scheduled["schedule"]), default=None)
         scheduled["cells"] = [{**c, "k": None, "column": "scheduled"}
-                              for c in _cells(scheduled["draft"], None, spec_runs, plain, self.reference)
+                              for c in _cells(scheduled["draft"], None, spec_runs, plain, self.reference, full)
                               if c["concurrency"] is not None]
         scheduled.update(track_schedule(self.cells, scheduled))
+        return scheduled
 
     def retrack_schedule(self) -> None:
-        """The scheduled column against the cells as the decision lives left them (their choice of K may move)."""
-        scheduled = self.scheduled
-        if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
-            now = self._schedule_now()
-            if now is not None:
-                self.late_schedule.append(f"the decision cells' server lives give a K schedule "
-                                          f"({describe_schedule(now['schedule'])}) where the first passes gave one "
-                                          "static K: promotion exports it, not measured as a column")
-            return
-        if not scheduled.get("cells"):
-            return
-        scheduled.update(track_schedule(self.cells, scheduled))
-        now = schedule_to_measure(self.cells, self.drafts, self.k)
-        if now is None or now["schedule"] != scheduled["schedule"]:
-            scheduled["after_lives"] = now and now["schedule"]
+        """The scheduled columns against the cells as the decision lives left them (their choice of K may move)."""
+        columns = [(self.scheduled, candidate_name(self.drafts))]
+        if self.free_name is not None:
+            columns.append((self.scheduled_free, self.free_name))
+        for scheduled, name in columns:
+            if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
+                now = self._schedule_now(name)
+                if now is not None:
+                    self.late_schedule.append(f"the decision cells' server lives give {name!r} a K schedule "
+                                              f"({describe_schedule(now['schedule'])}) where the first passes gave "
+                                              "one static K: promotion exports it, not measured as a column")
+                continue
+            if not scheduled.get("cells"):
+                continue
+            scheduled.update(track_schedule(self.cells, scheduled))
+            now = schedule_to_measure(self.cells, self.drafts, self.k, name)
+            if now is None or now["schedule"] != scheduled["schedule"]:
+                scheduled["after_lives"] = now and now["schedule"]
 
     def decision_concurrency(self) -> Optional[int]:
         """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
@@ -502,7 +540,7 @@ class _Launched:
         lives they have; the measurements already taken are not lost)."""
         from draftsmith.serve.errors import VllmError
 
-        size = k_at_once(self.settings, self.device, len(cells)) if self.device == "cpu" else self.at_once
+        size = self.up_at_once(len(cells))
         plain = self.server(f"plain-{tag}")
         measured: list[Cell] = []
         try:
@@ -542,8 +580,13 @@ class _Launched:
     def remeasured(self, name: str, kk: int, spec_runs, plain) -> None:
         """The cells of (name, kk) rebuilt from its runs after passes were added to them."""
         self.raw[(name, kk)] = (spec_runs, plain)
-        self.cells = [c for c in self.cells if (c["draft"], c["k"]) != (name, kk)] + _cells(
-            name, kk, spec_runs, plain, self.reference)
+        self.cells = [c for c in self.cells if (c["draft"], c["k"]) != (name, kk)] + self._cells(
+            name, kk, spec_runs, plain)
+
+    def _cells(self, name: str, kk: int, spec_runs, plain) -> list[dict]:
+        """The cells of (name, kk): a lookup server's drafts may be shorter than K, so only its first position's
+        acceptance is known (serving_stats.make_cell full_positions)."""
+        return _cells(name, kk, spec_runs, plain, self.reference, 1 if name in self.lookup else None)
 
     def more_passes(self, plain_url: Optional[str]) -> None:
         """serve.max_repeats: passes added, at the decision level, to the cells whose verdict is open and that the
@@ -698,11 +741,11 @@ def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contr
     return to_measure(_Level(cells, level, *budget), Roles.of(drafts), decide)
 
 
-def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int]) -> Optional[dict]:
-    """{"draft", "bands", "schedule"} of the promotion candidate (eval/settings.py candidate_name) when its best K
-    (best_k_per_concurrency) differs between the measured levels — the schedule a promotion would export
-    (serve/schedule.py) — else None: one static K (or off everywhere) is already a measured column."""
-    name = candidate_name(drafts)
+def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int], name: Optional[str] = None) -> Optional[dict]:
+    """{"draft", "bands", "schedule"} of `name` (default: the promotion candidate, eval/settings.py candidate_name)
+    when its best K (best_k_per_concurrency) differs between the measured levels — the schedule a promotion would
+    export (serve/schedule.py) — else None: one static K (or off everywhere) is already a measured column."""
+    name = name or candidate_name(drafts)
     mine = [c for c in cells if c["draft"] == name and c["concurrency"] is not None and c["k"] is not None]
     if not mine:
         return None
@@ -827,8 +870,9 @@ def report_section(serving: dict) -> str:
                      f"{p['output_tokens_per_s']:.1f} | {format_ci(c['speedup'], c.get('speedup_ci95'))} | {_fmt(s['ttft_ms_p50'])} / "
                      f"{_fmt(p['ttft_ms_p50'])} | {_fmt(s['tpot_ms_p50'])} / {_fmt(p['tpot_ms_p50'])} | {rate} | "
                      f"{c['outputs_equal']} |")
-    sched = serving.get("scheduled")
-    if sched and sched.get("cells"):
+    for sched in (serving.get("scheduled"), serving.get("scheduled_free")):
+        if not (sched and sched.get("cells")):
+            continue
         lines += ["", f"### The measured K schedule ({sched['draft']}): {describe_schedule(sched['schedule'])}", "",
                   "What a promoted version's speculative_config.json hands vLLM (num_speculative_tokens_per_batch_size), "
                   "served as one more column; it should track the best static K (or off) at each level.", "",

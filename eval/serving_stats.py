@@ -18,7 +18,10 @@ off (``plain``), side by side. Names (one per quantity, as in serving.json and t
 - ``tpot_ratio``: spec / plain ``tpot_ms_p50`` (< 1: speculation makes each token faster);
 - ``acceptance_rate``: vLLM's accepted / drafted tokens over the cell (counter differences),
   the same quantity as draftsmith's ``acceptance_rate``; ``per_position_acceptance``: accepted at
-  position i / drafts; ``mean_accepted_tokens``: 1 + accepted / drafts;
+  position i / drafts, None from the first position not every draft reaches (vLLM counts a draft of any length
+  and does not say how many reached position i: a prompt-lookup draft may be shorter than K, a scheduled
+  server's K moves with the batch); ``mean_draft_tokens``: drafted tokens / drafts (K for a draft model at a
+  static K); ``mean_accepted_tokens``: 1 + accepted / drafts;
 - ``outputs_equal``: every request's greedy output identical with speculation on and off;
 - the *boundary* of a (draft, K): the concurrency at which ``speedup`` falls to 1 (interpolated
   linearly in log2(concurrency) between the measured levels around the crossing).
@@ -198,9 +201,11 @@ def throughput_scale(cell: dict) -> float:
 
 
 def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult], plain: LoadResult | list[LoadResult],
-              counters: Optional[SpecCounters] = None) -> dict:
+              counters: Optional[SpecCounters] = None, full_positions: Optional[int] = None) -> dict:
     """One serving.json cell: both sides' statistics (pooled over their passes), their ratios and the speedup's
-    interval, vLLM's acceptance and the output comparison."""
+    interval, vLLM's acceptance and the output comparison. `full_positions`: the draft positions every draft
+    reaches when not all K do (1 for prompt lookup, a schedule's smallest K; serve/metrics.py SpecCounters.counts):
+    per-position acceptance from there on is unknown (None), not accepted / drafts."""
     spec_passes = spec if isinstance(spec, list) else [spec]
     plain_passes = plain if isinstance(plain, list) else [plain]
     spec, plain = merge_passes(spec_passes), merge_passes(plain_passes)
@@ -215,7 +220,8 @@ def make_cell(draft: str, k: Optional[int], spec: LoadResult | list[LoadResult],
             "tpot_ratio": _ratio(s["tpot_ms_p50"], p["tpot_ms_p50"]),
             "ttft_ratio": _ratio(s["ttft_ms_p50"], p["ttft_ms_p50"]), "timings": timings}
     c = counters or SpecCounters()
-    cell.update(acceptance_rate=c.acceptance_rate(), per_position_acceptance=c.per_position_acceptance(),
+    cell.update(acceptance_rate=c.acceptance_rate(), per_position_acceptance=c.per_position_acceptance(full_positions),
+                mean_draft_tokens=c.draft_tokens / c.drafts if c.drafts else None,
                 mean_accepted_tokens=c.mean_accepted_tokens(),
                 vllm_counters={"drafts": c.drafts, "draft_tokens": c.draft_tokens,
                                "accepted_tokens": c.accepted_tokens})
@@ -373,8 +379,9 @@ def summary_lines(serving: dict) -> list[str]:
         bands = ", ".join(f"{b['concurrency']}: {'off' if b['k'] == 0 else 'K=' + str(b['k'])}"
                           for b in summary["best_k"])
         lines.append(f"serving {draft} best K per concurrency: {bands}")
-    sched = serving.get("scheduled")
-    if sched and sched.get("tracking"):
+    for sched in (serving.get("scheduled"), serving.get("scheduled_free")):
+        if not (sched and sched.get("tracking")):
+            continue
         from draftsmith.serve.schedule import describe_schedule
 
         at = ", ".join(f"{_x(r['speedup'], r['speedup_ci95'])} at {r['concurrency']}" for r in sched["tracking"])

@@ -156,17 +156,18 @@ class ServingSettings(ServerSettings):
     # in turn (eval/order.py), so that every speculative pass has a plain one in the same round (on a GPU the servers
     # up at once share 0.9 of its memory unless serve.gpu_memory_utilization says otherwise); false: one server at a
     # time, the plain passes first
-    k_at_once: Optional[int] = None  # spec servers up at once beside the plain one (serve.interleave): every K of a
-    # draft (or of a decision life) starts together and each pass of a level runs the plain server once and every
-    # K after it in turn (order rotated), so that one plain pass serves every K and one start-up wait every server;
+    k_at_once: Optional[int] = None  # spec servers up at once beside the plain one (serve.interleave): every proposer
+    # x K (of the main passes, or of a decision life) starts together and each pass of a level runs the plain server
+    # once and every spec server in turn (order rotated), so that one plain pass serves them all and one start-up
+    # wait every server;
     # None: all of them on the CPU (host RAM holds many copies of a small model, and three servers start in the time
     # of two then one), one at a time on a GPU (each server takes its share of the GPU's memory:
     # 0.9 / servers up unless serve.gpu_memory_utilization says otherwise)
     fresh_servers: bool = False  # every pass of a draft x K on newly started plain and spec servers (side by side), so
     # that the interval also sees what changes from one server start to the next;
     # costs two server starts per pass
-    decision_servers: int = 2  # more server lives (a new plain and spec server each, one pass) for the chosen cell at
-    # the decision level of each proposer a verdict is taken on (the candidate, production, the fastest
+    decision_servers: int = 2  # more server lives (one pass each on a new plain server, shared, and a new spec server
+    # per cell) for the chosen cell at the decision level of each proposer a verdict is taken on (the candidate, production, the fastest
     # training-free method unless it surely does not pay) (promote.serving_concurrency) and every K the choice could go to after the first
     # passes (eval/serving_stats.py contenders), so that their intervals, and the choice of K, hold the server-to-server spread (three lives or more:
     # eval/serving_stats.py); 0: the decision cells' passes all run on one server pair

@@ -38,7 +38,8 @@ def version_reference(version_dir: str | Path, record: dict, *, ref: str, root: 
     value (the key keeps its name for the callers; with the first-position figure it holds that figure);
     ``schedule`` the version's batch-size K schedule (version.json "k_schedule", None for a static K),
     ``k_max`` the largest K the server drafts, ``full_positions`` the positions every draft reaches (the
-    schedule's smallest K above 0; None for a static K).
+    schedule's smallest K above 0; 1 for a training-free method, whose drafts may be shorter than K; None for a
+    draft at a static K).
 
     The acceptance rate, best first: vLLM's in the serving A/B stored with the version (serving.json) at the
     served K and the serving concurrency — the same counters the monitor reads; else the figure the promotion
@@ -79,7 +80,8 @@ def _reference(path: Path, record: dict, ref: str, root: Path, rate: float, sour
             "acceptance_rate": float(rate), "source": source, "k": k, "draft": str(draft),
             "retrain_command": retrain_command(record, draft, root), "figure": figure, "schedule": schedule,
             "k_max": schedule_k(schedule) if schedule else k,
-            "full_positions": min(speculated_ks(schedule)) if schedule else None}
+            "full_positions": (1 if record.get("training_free")  # a lookup draft may be shorter than K
+                               else min(speculated_ks(schedule)) if schedule else None)}
 
 
 def watched_figure(schedule: Optional[list[list[int]]]) -> str:

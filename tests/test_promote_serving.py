@@ -377,6 +377,7 @@ def test_no_draft_needed_is_a_version_the_registry_monitor_and_a_later_run_read(
     # a schedule of two K's is watched on the first position: lookup's own cell, not the draft's
     assert reference["draft"] == "ngram:2-4" and reference["figure"] == "first_position_acceptance"
     assert reference["acceptance_rate"] == 0.7
+    assert reference["full_positions"] == 1  # a lookup draft may be shorter than K: only its first position is known
     # nothing to train further: a draft trained as the run that recorded lookup did (its pair.draft and method)
     assert reference["retrain_command"].startswith("draftsmith data.prompts=recent.jsonl pair.draft=demo method=kd ")
     assert "ngram" not in reference["retrain_command"]

@@ -83,8 +83,13 @@ def test_make_cell_ratios_and_vllm_acceptance():
     assert cell["ttft_ratio"] == pytest.approx(0.5)
     assert cell["acceptance_rate"] == pytest.approx(25 / 40)
     assert cell["per_position_acceptance"] == pytest.approx([0.9, 0.8, 0.5, 0.3])
-    assert cell["mean_accepted_tokens"] == pytest.approx(3.5)
+    assert cell["mean_accepted_tokens"] == pytest.approx(3.5) and cell["mean_draft_tokens"] == pytest.approx(4.0)
     assert cell["outputs_equal"] is True
+    # prompt lookup: 10 drafts of 28 tokens in all (some shorter than K): only the first position is known
+    short = SpecCounters(drafts=10, draft_tokens=28, accepted_tokens=20, accepted_per_pos={0: 9, 1: 6, 2: 3, 3: 2})
+    lookup = make_cell("ngram", 4, spec, plain, short, full_positions=1)
+    assert lookup["per_position_acceptance"] == [pytest.approx(0.9), None, None, None]
+    assert lookup["mean_draft_tokens"] == pytest.approx(2.8) and lookup["acceptance_rate"] == pytest.approx(20 / 28)
     for side in ("spec", "plain"):
         assert {"output_tokens_per_s", "ttft_ms_p50", "tpot_ms_p50"} <= set(cell[side])
 
