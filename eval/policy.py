@@ -105,6 +105,26 @@ class Roles:
                    free=tuple(n for n, spec in proposers.items() if is_ngram_spec(str(spec)) and n != production))
 
 
+def free_may_be_recorded(view: View, roles: Roles, contract: Contract) -> Optional[Cell]:
+    """The fastest training-free method's chosen cell when the promotion may record it as "no draft needed" (it
+    does so for a refused candidate whose rival clears the same gates): the method may pay, and the candidate's
+    verdict is settled against it — its chosen cell's interval wholly below a bar, or the paired difference with
+    the rival (``free_margin``) or with production (``margin``) wholly below its margin; else None. The promotion
+    decides; this says only whether the rival's own configuration (its K schedule) is worth serving to measure."""
+    if not contract.at or contract.free_margin is None or roles.candidate is None:
+        return None
+    choice, free = view.choice(roles.candidate), rival(view, roles)
+    if choice is None or free is None or not may_pay(view, free):
+        return None
+    mine = (roles.candidate, choice[0])
+    refused = any(verdict(view.interval(mine), bar) == BELOW for bar in contract.at)
+    refused = refused or verdict(view.difference(mine, free), contract.free_margin) == BELOW
+    theirs = view.choice(roles.production) if contract.margin is not None and roles.production else None
+    if theirs is not None:
+        refused = refused or verdict(view.difference(mine, (roles.production, theirs[0])), contract.margin) == BELOW
+    return free if refused else None
+
+
 def _open(ci: Optional[list[float]], bar: float) -> bool:
     return verdict(ci, bar) in (STRADDLES, UNKNOWN)
 

@@ -33,8 +33,8 @@ The statistics (eval/serving_stats.py) go to ``serving.json``::
                                      "speedup_ci95", "indistinguishable", "pays", ...]}},
      "scheduled": {"draft", "bands", "schedule": [[start, end, K], ...], "cells": [cells with "k": None and
                    "column": "scheduled"], "tracking", "tracks", ["error"]} | None,
-     "scheduled_free": the same for the training-free rival a verdict is taken on (its schedule, should promotion
-                       record "no draft needed") | None,
+     "scheduled_free": the same for the training-free rival, measured when promotion may record it as "no draft
+                       needed" (eval/policy.py free_may_be_recorded) and its K moves with the load | None,
      "added_passes": {"concurrency", "max_repeats", "cells": [{"draft", "k", "added", "passes", "decided"}],
      "stopped": why the passes stopped} | None,
      "decision_servers": {"concurrency", "servers", "cells": [{"draft", "k", "lives", "passes"}]} | None,
@@ -61,7 +61,7 @@ from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.decode.ngram import is_ngram_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
-from draftsmith.eval.policy import Contract, Roles, may_pay, rival, to_measure, unsettled
+from draftsmith.eval.policy import Contract, Roles, free_may_be_recorded, may_pay, rival, to_measure, unsettled
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
@@ -354,8 +354,7 @@ class _Launched:
         self.plain_runs = None  # one server at a time: the plain passes every cell is compared with
         self.plain_ready = lambda: None  # waits for the main plain server when it was started without waiting
         self.scheduled: Optional[dict] = None  # the candidate's K schedule as a column
-        self.scheduled_free: Optional[dict] = None  # the training-free rival's (free_name's)
-        self.free_name: Optional[str] = None
+        self.scheduled_free: Optional[dict] = None  # the training-free rival's, when it may be recorded
         self.added: Optional[dict] = None
         self.lives: Optional[dict] = None
         self.failed_lives: list[str] = []  # server lives that would not start or serve (warnings)
@@ -415,43 +414,54 @@ class _Launched:
         return runs
 
     def main_cells(self, plain_url: Optional[str]) -> None:
-        """Every proposer at every K and level: serve.repeats passes each — beside the plain server, as many spec
-        servers up at once as :meth:`up_at_once` allows (on the CPU every proposer x K: one plain pass per round
-        serves the candidate, its rivals and every K alike)."""
-        cells = [(name, kk) for name in self.drafts for kk in self.k]
-        if self.settings.fresh_servers or plain_url is None:
-            runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
-                    for name, kk in cells]
-        else:
-            runs = [r for group in chunked(cells, self.up_at_once(len(cells)))
-                    for r in self.measure_together(group, plain_url)]
-        for (name, kk), (spec_runs, plain) in zip(cells, runs):
-            self.raw[(name, kk)] = (spec_runs, plain)
-            self.cells += self._cells(name, kk, spec_runs, plain)
+        """Every proposer at every K and level: serve.repeats passes each — one proposer at a time beside the plain
+        server, as many of its K's spec servers up at once as :meth:`up_at_once` allows (one plain pass per round
+        serves them). Not every proposer at once: five servers start no sooner than two groups in turn on a 2-core
+        host, and the idle ones slow the passes of the others (BENCHMARKS.md, "The demo's budget")."""
+        for name in self.drafts:
+            cells = [(name, kk) for kk in self.k]
+            if self.settings.fresh_servers or plain_url is None:
+                runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
+                        for kk in self.k]
+            else:
+                runs = [r for group in chunked(cells, self.up_at_once(len(cells)))
+                        for r in self.measure_together(group, plain_url)]
+            for kk, (spec_runs, plain) in zip(self.k, runs):
+                self.raw[(name, kk)] = (spec_runs, plain)
+                self.cells += self._cells(name, kk, spec_runs, plain)
 
     def _schedule_now(self, name: Optional[str] = None) -> Optional[dict]:
         return (schedule_to_measure(self.cells, self.drafts, self.k, name)
                 if self.decide is None or self.decide.schedule else None)
 
-    def free_to_schedule(self) -> Optional[str]:
-        """The training-free rival whose K schedule is measured as a column too: the one a verdict is taken on at
-        the decision level (it may pay there), which promotion may record as "no draft needed" with its own
-        schedule; None without a decision to take."""
-        level = self.decision_concurrency()
-        if level is None or self.decide.free_margin is None:
-            return None
-        roles = Roles.of(self.drafts)
-        free = [n for n in self.deciding(level) if n in roles.free]
-        return free[0] if free else None
-
     def measure_schedule(self, plain_url: Optional[str]) -> None:
-        """The configuration a promotion hands vLLM (its K per batch size), measured as one more column when the
-        best K differs by level: the candidate's (serving.json "scheduled") and the training-free rival's
-        (:meth:`free_to_schedule`, "scheduled_free")."""
+        """The configuration a promotion hands vLLM (the candidate's K per batch size), measured as one more column
+        when its best K differs by level (serving.json "scheduled")."""
         self.scheduled = self._measure_column(self._schedule_now(), plain_url)
-        self.free_name = self.free_to_schedule()
-        if self.free_name is not None:
-            self.scheduled_free = self._measure_column(self._schedule_now(self.free_name), plain_url)
+
+    def measure_free_schedule(self, plain_url: Optional[str]) -> None:
+        """Once the decision cells are measured: the training-free rival's K schedule as a column too
+        (serving.json "scheduled_free") when the promotion may record that method as "no draft needed"
+        (eval/policy.py free_may_be_recorded) and its best K differs by level — the configuration such a version
+        hands vLLM, served before it is recorded. Beside `plain_url`, the plain passes of one server at a time, or
+        a plain server of its own (after the decision lives the main one has stopped)."""
+        level = self.decision_concurrency()
+        if level is None or not self.decide.schedule:
+            return
+        free = free_may_be_recorded(_Level(self.cells, level), Roles.of(self.drafts), self.decide)
+        scheduled = self._schedule_now(free[0]) if free is not None else None
+        if scheduled is None:
+            return
+        if plain_url is not None or self.plain_runs is not None:
+            self.scheduled_free = self._measure_column(scheduled, plain_url)
+            return
+        plain = self.server(f"plain-{_slug(free[0])}-scheduled")
+        plain.start()  # not waited for here: it comes up while the spec server does
+        try:
+            self.plain_ready = plain.wait_healthy
+            self.scheduled_free = self._measure_column(scheduled, plain.url)
+        finally:
+            plain.stop()
 
     def _measure_column(self, scheduled: Optional[dict], plain_url: Optional[str]) -> Optional[dict]:
         from draftsmith.serve.errors import VllmError
@@ -473,24 +483,22 @@ class _Launched:
         return scheduled
 
     def retrack_schedule(self) -> None:
-        """The scheduled columns against the cells as the decision lives left them (their choice of K may move)."""
-        columns = [(self.scheduled, candidate_name(self.drafts))]
-        if self.free_name is not None:
-            columns.append((self.scheduled_free, self.free_name))
-        for scheduled, name in columns:
-            if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
-                now = self._schedule_now(name)
-                if now is not None:
-                    self.late_schedule.append(f"the decision cells' server lives give {name!r} a K schedule "
-                                              f"({describe_schedule(now['schedule'])}) where the first passes gave "
-                                              "one static K: promotion exports it, not measured as a column")
-                continue
-            if not scheduled.get("cells"):
-                continue
-            scheduled.update(track_schedule(self.cells, scheduled))
-            now = schedule_to_measure(self.cells, self.drafts, self.k, name)
-            if now is None or now["schedule"] != scheduled["schedule"]:
-                scheduled["after_lives"] = now and now["schedule"]
+        """The candidate's scheduled column against the cells as the decision lives left them (their choice of K
+        may move)."""
+        scheduled = self.scheduled
+        if scheduled is None:  # one static K before the lives: a schedule they bring is exported unmeasured
+            now = self._schedule_now()
+            if now is not None:
+                self.late_schedule.append(f"the decision cells' server lives give {now['draft']!r} a K schedule "
+                                          f"({describe_schedule(now['schedule'])}) where the first passes gave one "
+                                          "static K: promotion exports it, not measured as a column")
+            return
+        if not scheduled.get("cells"):
+            return
+        scheduled.update(track_schedule(self.cells, scheduled))
+        now = schedule_to_measure(self.cells, self.drafts, self.k)
+        if now is None or now["schedule"] != scheduled["schedule"]:
+            scheduled["after_lives"] = now and now["schedule"]
 
     def decision_concurrency(self) -> Optional[int]:
         """The level the promote stage decides at (None: no decision to take, or no closed-loop level)."""
@@ -664,12 +672,15 @@ def interleaved_topology(ab: _Launched) -> None:
         if not ab.with_lives:
             ab.more_passes(plain_srv.url)
         ab.measure_schedule(plain_srv.url)
+        if not ab.with_lives:
+            ab.measure_free_schedule(plain_srv.url)
     finally:
         plain_srv.stop()
     if ab.with_lives:
         ab.decision_lives()
         ab.more_passes(None)
         ab.retrack_schedule()
+        ab.measure_free_schedule(None)
 
 
 def fresh_topology(ab: _Launched) -> None:
@@ -682,6 +693,7 @@ def fresh_topology(ab: _Launched) -> None:
         if not ab.with_lives:
             ab.more_passes(plain_srv.url)
         ab.measure_schedule(plain_srv.url)
+        ab.measure_free_schedule(plain_srv.url)
 
 
 def one_at_a_time_topology(ab: _Launched) -> None:
@@ -690,6 +702,7 @@ def one_at_a_time_topology(ab: _Launched) -> None:
         ab.plain_runs = drive(srv.url, ab.prompts, ab.settings, spec=False, log=ab.log)
     ab.main_cells(None)
     ab.measure_schedule(None)
+    ab.measure_free_schedule(None)
 
 
 TOPOLOGIES = {"fresh": fresh_topology, "interleaved": interleaved_topology, "one at a time": one_at_a_time_topology}

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from draftsmith.eval.policy import Contract, Roles, rival, settleable, to_measure, unsettled
+from draftsmith.eval.policy import Contract, Roles, free_may_be_recorded, rival, settleable, to_measure, unsettled
 
 
 @dataclass
@@ -118,6 +118,28 @@ def test_only_verdicts_the_budget_could_settle_are_measured():
     assert to_measure(view, roles, free) == [("trained", 2)]
     view.reaches[(("trained", 2),)] = 0.9
     assert to_measure(view, roles, free) == []
+
+
+def test_the_rival_may_be_recorded_only_when_the_candidate_is_settled_against_it():
+    view = Hand({"trained": (2, [2]), "ngram": (3, [3])},
+                {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 3): (1.8, [1.6, 2.0])},
+                {(("trained", 2), ("ngram", 3)): [-0.7, -0.3]})
+    roles, contract = Roles("trained", free=("ngram",)), Contract(at=(1.1,), free_margin=0.0)
+    assert free_may_be_recorded(view, roles, contract) == ("ngram", 3)  # lookup surely ahead
+    assert free_may_be_recorded(view, roles, Contract(at=(1.1,))) is None  # no training-free gate
+    view.differences[(("trained", 2), ("ngram", 3))] = [-0.7, 0.1]  # undecided: the draft may yet be promoted
+    assert free_may_be_recorded(view, roles, contract) is None
+    view.cells[("trained", 2)] = (0.9, [0.8, 1.0])  # the draft is refused by the bar itself
+    assert free_may_be_recorded(view, roles, contract) == ("ngram", 3)
+    view.cells[("ngram", 3)] = (0.9, [0.8, 0.95])  # but lookup does not pay either: nothing to record
+    assert free_may_be_recorded(view, roles, contract) is None
+    # refused by the champion: production surely ahead
+    champ = Hand({"trained": (2, [2]), "ngram": (3, [3]), "production": (2, [2])},
+                 {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 3): (1.3, [1.1, 1.5]),
+                  ("production", 2): (1.6, [1.5, 1.7])},
+                 {(("trained", 2), ("ngram", 3)): [-0.2, 0.2], (("trained", 2), ("production", 2)): [-0.4, -0.2]})
+    with_prod = Roles("trained", production="production", free=("ngram",))
+    assert free_may_be_recorded(champ, with_prod, Contract(at=(1.1,), margin=0.0, free_margin=0.0)) == ("ngram", 3)
 
 
 def test_the_contract_from_promote_settings():

@@ -385,9 +385,9 @@ def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path
 
 
 def test_the_candidate_and_its_rival_share_each_life_s_plain_server(fake, tmp_path, monkeypatch):
-    """With a training-free rival that may pay, the main passes and each decision life run one plain server beside
-    the spec servers of both (started together on the CPU): two lives cost 2 x 3 server starts, not 2 x (2 + 2);
-    each pass runs the plain server once beside both, so both cells are compared with that one plain pass."""
+    """With a training-free rival that may pay, each decision life runs one plain server beside the spec servers
+    of both (started together on the CPU): two lives cost 2 x 3 server starts, not 2 x (2 + 2); each pass of a
+    life runs the plain server once beside both, so both cells are compared with that one plain pass."""
     groups = _spy_started_together(monkeypatch)
     monkeypatch.setenv("FAKE_VLLM_TPOT", "0.02")  # speculation ~1.7x: lookup may pay, so it is a deciding rival
     settings = ServingSettings(engine="vllm", baselines=["ngram"], concurrency=[1], max_tokens=4, max_prompts=2,
@@ -400,20 +400,21 @@ def test_the_candidate_and_its_rival_share_each_life_s_plain_server(fake, tmp_pa
     assert [log for log in serving["logs"] if "life" in log] == [
         "serving_logs/plain-life2.log", "serving_logs/trained-k2-life2.log", "serving_logs/ngram-k2-life2.log",
         "serving_logs/plain-life3.log", "serving_logs/trained-k2-life3.log", "serving_logs/ngram-k2-life3.log"]
-    assert groups == [["trained-k2", "ngram-k2"], ["trained-k2-life2", "ngram-k2-life2"],
+    assert groups == [["trained-k2"], ["ngram-k2"], ["trained-k2-life2", "ngram-k2-life2"],
                       ["trained-k2-life3", "ngram-k2-life3"]]
     cells = {c["draft"]: c for c in serving["cells"]}
     assert cells["ngram"]["timings"]["servers"] == ["ngram-k2+plain", "ngram-k2-life2", "ngram-k2-life3"]
-    assert cells["trained"]["timings"]["plain_s"] == cells["ngram"]["timings"]["plain_s"]  # one plain pass each
+    assert cells["trained"]["timings"]["plain_s"][1:] == cells["ngram"]["timings"]["plain_s"][1:]  # one plain pass
     assert [(c["draft"], c["lives"]) for c in serving["decision_servers"]["cells"]] == [("trained", 3), ("ngram", 3)]
     assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 + 2 * 3 and all_gone(tmp_path / "pids")
 
 
-def test_the_training_free_rival_s_k_schedule_is_measured_as_a_column_too(fake, tmp_path, monkeypatch):
-    """When the rival a verdict is taken on (lookup, which promotion may record as "no draft needed") chooses its
-    K by level, the schedule promotion would hand vLLM for it is served as one more column, "scheduled_free",
-    beside the candidate's own (here: the candidate keeps one K, so it has none); vLLM's per-position acceptance
-    of a lookup column is known at its first position only."""
+def test_the_training_free_rival_s_k_schedule_is_measured_when_it_may_be_recorded(fake, tmp_path, monkeypatch):
+    """When the promotion may record the rival (lookup) as "no draft needed" (eval/policy.py free_may_be_recorded)
+    and lookup chooses its K by level, the schedule such a version hands vLLM is served as a column of its own,
+    "scheduled_free", after the decision lives, on a plain server of its own (the main one has stopped); the
+    candidate keeps one K, so it has none. vLLM's per-position acceptance of a lookup column is known at its
+    first position only. Where the rival may not be recorded, nothing more is started."""
     from draftsmith.eval import serving as serving_mod
 
     real = serving_mod.schedule_to_measure
@@ -425,19 +426,26 @@ def test_the_training_free_rival_s_k_schedule_is_measured_as_a_column_too(fake, 
         return real(cells, drafts, [k[0]], name)  # one K for the candidate: no column
 
     monkeypatch.setattr(serving_mod, "schedule_to_measure", lookup_moves)
-    monkeypatch.setenv("FAKE_VLLM_TPOT", "0.02")  # lookup may pay: it is the rival
     settings = ServingSettings(engine="vllm", baselines=["ngram"], concurrency=[1, 2], max_tokens=4, max_prompts=2,
-                               warmup=0, python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=0,
-                               max_repeats=1)
-    serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
-                             prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / "eval",
-                             decide=Contract(at=(1.0,), free_margin=0.0, concurrency=1), log=lambda *_: None)
+                               warmup=0, python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=1,
+                               max_repeats=2)
+
+    def run(out):
+        return run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2, 3],
+                              prompts=[[5, 6], [7, 8, 9]], out_dir=tmp_path / out,
+                              decide=Contract(at=(1.0,), free_margin=0.0, concurrency=1), log=lambda *_: None)
+
+    monkeypatch.setattr(serving_mod, "free_may_be_recorded", lambda view, roles, contract: None)
+    assert run("kept")["scheduled_free"] is None and not any("scheduled" in log for log in run("kept2")["logs"])
+    monkeypatch.setattr(serving_mod, "free_may_be_recorded", lambda view, roles, contract: ("ngram", 2))
+    serving = run("eval")
     assert serving["scheduled"] is None
     free = serving["scheduled_free"]
     assert free["draft"] == "ngram" and free["schedule"] == [[1, 1, 2], [2, 2, 3]]
     assert [c["concurrency"] for c in free["cells"]] == [1, 2] and len(free["tracking"]) == 2
     assert all(c["column"] == "scheduled" and c["per_position_acceptance"][1:] == [None, None]
                for c in free["cells"])
+    assert serving["logs"][-2:] == ["serving_logs/plain-ngram-scheduled.log", "serving_logs/ngram-scheduled.log"]
     log = (tmp_path / "eval" / "serving_logs" / "ngram-scheduled.log").read_text()
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 3]]' in log and '"method": "ngram"' in log
     from draftsmith.artifacts.formats import ServingTable
