@@ -58,7 +58,8 @@ from draftsmith.eval.policy import Roles
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
-from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, decision_level,  # noqa: F401
+from draftsmith.eval.serving_stats import (MIN_LIVES, lives_of, short_of_lives,  # noqa: F401
+                                          best_k_per_concurrency, cell_difference_ci, decision_level,
                                           k_bands, schedule_shortfall)  # (k_bands)
 
 MEASURED = "measured in this eval"
@@ -299,10 +300,14 @@ def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int)
         mine = serving.cell(name, level, candidate["best_k"]) if candidate["best_k"] else None
         theirs = serving.cell(free, level, k) if k else None
         paired = mine and theirs and mine.get("timings") and theirs.get("timings")
+        short = paired and short_of_lives(serving.doc, mine, theirs)
         rivals.append({"name": free, "spec": serving.drafts[free], "best_k": k, "pays": pays,
                        "speedup": at["choice"]["best_speedup"],
                        "speedup_ci95": at["choice"]["best_speedup_ci95"],
-                       "difference_ci95": cell_difference_ci(mine, theirs) if paired and pays else None})
+                       "difference_ci95": cell_difference_ci(mine, theirs) if paired and pays and not short else None,
+                       "short_lives": (f"{name} K={candidate['best_k']} and {free} K={k} ran on {lives_of(mine)} and "
+                                       f"{lives_of(theirs)} server lives, fewer than the {MIN_LIVES} a difference "
+                                       "is declared on" if short else None)})
     return _best_free(rivals)
 
 

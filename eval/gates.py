@@ -173,6 +173,9 @@ def free_check(candidate: dict, free: dict, margin: float, more: str = "") -> tu
     if not free.get("pays", bool(k)):
         return PASS, f"{name} does not pay here ({theirs} at its best K): nothing free to beat"
     mine = format_ci(candidate["speedup"], candidate.get("speedup_ci95"))
+    if free.get("short_lives"):  # the A/B could not give both cells their server lives (serve.max_repeats)
+        return UNSURE, (f"inconclusive: speedup {mine} vs {name}'s {theirs} (K={k}, no training): "
+                        f"{free['short_lives']}{more}")
     diff = free.get("difference_ci95")
     if diff is None:  # no paired timings: the candidate's own interval against its figure
         result = _from_verdict(verdict(candidate.get("speedup_ci95"), free["speedup"] + margin))

@@ -66,8 +66,8 @@ from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
-                                          contenders, decision_level, k_bands, make_cell, merge_passes, passes_reach,
-                                          summarize, summary_lines)
+                                          contenders, decision_level, k_bands, lives_of, make_cell, merge_passes,
+                                          passes_reach, summarize, summary_lines, MIN_LIVES)
 from draftsmith.eval.settings import ServingSettings, candidate_name, with_training_free
 
 SCHEMA_VERSION = 1
@@ -448,7 +448,8 @@ class _Launched:
         level = self.decision_concurrency()
         if level is None or not self.decide.schedule:
             return
-        free = free_may_be_recorded(_Level(self.cells, level), Roles.of(self.drafts), self.decide)
+        lives = MIN_LIVES if self.with_lives else 0  # no verdict on a cell without the lives it is decided on
+        free = free_may_be_recorded(_Level(self.cells, level, lives=lives), Roles.of(self.drafts), self.decide)
         scheduled = self._schedule_now(free[0]) if free is not None else None
         if scheduled is None:
             return
@@ -607,6 +608,7 @@ class _Launched:
             return
         self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": [], "stopped": "decided"}
         budget = (settings.max_repeats, settings.decision_servers > 0)
+        lives = MIN_LIVES if settings.decision_servers > 0 else 0  # the lives a decision cell is measured on
         taken: dict[Cell, int] = {}
         given_up: set[Cell] = set()  # a life that would not start: no more tries for its cells
 
@@ -614,14 +616,14 @@ class _Launched:
             return len(self.raw[cell][0][("concurrency", level)][0])
 
         def todo() -> list[Cell]:
-            open_ = undecided_serving(self.cells, self.drafts, level, self.decide)
+            open_ = undecided_serving(self.cells, self.drafts, level, self.decide, lives=lives)
             for cell in open_:
                 taken.setdefault(cell, 0)
             if not open_:
                 self.added["stopped"] = "decided"
                 return []
-            worth = [c for c in undecided_serving(self.cells, self.drafts, level, self.decide, budget=budget)
-                     if passes(c) < settings.max_repeats and c not in given_up]
+            worth = [c for c in undecided_serving(self.cells, self.drafts, level, self.decide, budget=budget,
+                                                  lives=lives) if passes(c) < settings.max_repeats and c not in given_up]
             if not worth:
                 self.added["stopped"] = (
                     f"serve.max_repeats={settings.max_repeats} reached"
@@ -653,7 +655,7 @@ class _Launched:
                         taken[(name, kk)] += 1
                         self.remeasured(name, kk, spec_runs, plain)
             todo()  # why the passes stopped
-        open_ = set(undecided_serving(self.cells, self.drafts, level, self.decide))
+        open_ = set(undecided_serving(self.cells, self.drafts, level, self.decide, lives=lives))
         self.added["cells"] = [{"draft": name, "k": kk, "added": n, "passes": passes((name, kk)),
                                 "decided": (name, kk) not in open_} for (name, kk), n in taken.items()]
 
@@ -717,12 +719,16 @@ class _Level:
     """The A/B's closed-loop cells at one concurrency as eval/policy.py reads them: the K rule is
     best_k_per_concurrency's, a cell's interval its speedup_ci95, the difference of two cells
     serving_stats.cell_difference_ci (paired requests, the spread between server lives held), the reach of passes
-    up to `max_repeats` serving_stats.passes_reach (each a new server life with `new_lives`)."""
+    up to `max_repeats` serving_stats.passes_reach (each a new server life with `new_lives`). With `lives`, a cell
+    on fewer server lives has no interval yet (unknown, so measured: a verdict is not taken on one server start)."""
 
-    def __init__(self, cells: list[dict], level: int, max_repeats: int = 0, new_lives: bool = False):
+    def __init__(self, cells: list[dict], level: int, max_repeats: int = 0, new_lives: bool = False, lives: int = 0):
         self.cells = {(c["draft"], c["k"]): c for c in cells if c["concurrency"] == level and c["k"] is not None
                       and c["speedup"] is not None}
-        self.max_repeats, self.new_lives = max_repeats, new_lives
+        self.max_repeats, self.new_lives, self.lives = max_repeats, new_lives, lives
+
+    def _short(self, *cells) -> bool:
+        return any(lives_of(self.cells[c]) < self.lives for c in cells)
 
     def choice(self, name: str):
         here = [c for (n, _), c in self.cells.items() if n == name]
@@ -735,23 +741,24 @@ class _Level:
         return self.cells[cell]["speedup"]
 
     def interval(self, cell):
-        return self.cells[cell].get("speedup_ci95")
+        return None if self._short(cell) else self.cells[cell].get("speedup_ci95")
 
     def difference(self, a, b):
-        return cell_difference_ci(self.cells[a], self.cells[b])
+        return None if self._short(a, b) else cell_difference_ci(self.cells[a], self.cells[b])
 
     def reach(self, cells):
         return min(passes_reach(self.cells[c], self.max_repeats, new_lives=self.new_lives) for c in cells)
 
 
 def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contract, *,
-                      budget: Optional[tuple[int, bool]] = None) -> list[tuple[str, int]]:
+                      budget: Optional[tuple[int, bool]] = None, lives: int = 0) -> list[tuple[str, int]]:
     """The (proposer, K) cells at concurrency `level` whose verdict is open: eval/policy.py unsettled over the cells
     there; with `budget` (serve.max_repeats, whether each added pass is a new server life) only those the passes
-    left could settle (eval/policy.py to_measure)."""
+    left could settle (eval/policy.py to_measure); with `lives`, a cell on fewer server lives is open (its verdict
+    unknown until it has them: a K chosen only after the decision lives gets its own)."""
     if budget is None:
-        return unsettled(_Level(cells, level), Roles.of(drafts), decide)
-    return to_measure(_Level(cells, level, *budget), Roles.of(drafts), decide)
+        return unsettled(_Level(cells, level, lives=lives), Roles.of(drafts), decide)
+    return to_measure(_Level(cells, level, *budget, lives=lives), Roles.of(drafts), decide)
 
 
 def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int], name: Optional[str] = None) -> Optional[dict]:

@@ -162,6 +162,18 @@ def timed_lives(timings: dict) -> Optional[list[list[list[tuple[float, float]]]]
     return [[p for p, s in zip(passes, servers) if s == life] for life in dict.fromkeys(servers)]
 
 
+def lives_of(cell: dict) -> int:
+    """How many server lives (starts of its spec server) a cell's passes ran on (``timings["servers"]``)."""
+    return len(set((cell.get("timings") or {}).get("servers") or []))
+
+
+def short_of_lives(serving: dict, *cells: Optional[dict]) -> bool:
+    """Whether a verdict on `cells` would be taken on fewer server lives than the serving A/B gives the cells it
+    decides on (MIN_LIVES, when it ran serve.decision_servers): such a cell's interval does not hold the spread
+    between server starts, so a difference declared on it is not one (eval/serving.py asks for its lives)."""
+    return bool(serving.get("decision_servers")) and any(c is not None and lives_of(c) < MIN_LIVES for c in cells)
+
+
 def passes_reach(cell: dict, max_passes: int, *, new_lives: bool) -> float:
     """At best, the factor by which `cell`'s interval narrows when it takes passes up to `max_passes` (eval/policy.py
     reach; eval/intervals.py narrowing): with `new_lives` (serve.decision_servers) each added pass is a new server
@@ -169,7 +181,7 @@ def passes_reach(cell: dict, max_passes: int, *, new_lives: bool) -> float:
     passes do (optimistic where the lives would start to count: their spread is not known yet). 1.0 when no
     pass is left."""
     passes, more = cell.get("repeats") or 1, max(0, max_passes - (cell.get("repeats") or 1))
-    lives = len(set((cell.get("timings") or {}).get("servers") or []))
+    lives = lives_of(cell)
     if new_lives and lives >= MIN_LIVES:
         return narrowing(lives, lives + more, t=True)
     return narrowing(passes, passes + more)

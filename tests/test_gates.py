@@ -121,3 +121,7 @@ def test_the_training_free_gate_on_the_paired_difference():
     assert decide(GOOD, Gates(), free=NGRAM | {"difference_ci95": None})["decision"] == PROMOTED  # [1.4, 1.6] vs 1.3
     assert decide(GOOD, Gates(), free=NGRAM | {"speedup": 1.5, "difference_ci95": None})["decision"] == INCONCLUSIVE
     assert decide(GOOD, Gates())["training_free"] is None  # none measured: no gate
+    # the cells short of the server lives a difference is declared on: held, whatever the requests say
+    short = "trained K=2 and ngram K=2 ran on 3 and 1 server lives, fewer than the 3 a difference is declared on"
+    d = decide(GOOD, Gates(), free=NGRAM | {"speedup": 1.9, "difference_ci95": None, "short_lives": short})
+    assert d["decision"] == INCONCLUSIVE and short in d["reasons"][0]

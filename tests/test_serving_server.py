@@ -248,7 +248,7 @@ def test_run_serving_ab_adds_passes_at_the_decision_level_while_a_verdict_is_und
 
     calls = []
 
-    def undecided(cells, drafts, level, decide, budget=None):
+    def undecided(cells, drafts, level, decide, budget=None, lives=0):
         calls.append(level)
         (cell,) = [c for c in cells if c["concurrency"] == level]
         return [("trained", 2)] if cell["repeats"] < 2 else []  # decided after one added pass
@@ -367,7 +367,7 @@ def test_a_server_life_that_will_not_start_is_said_and_the_cell_keeps_its_lives(
 def test_with_decision_servers_an_added_pass_is_a_new_server_life(fake, tmp_path, monkeypatch):
     from draftsmith.eval import serving as serving_mod
 
-    def undecided(cells, drafts, level, decide, budget=None):
+    def undecided(cells, drafts, level, decide, budget=None, lives=0):
         (cell,) = cells
         return [("trained", 2)] if cell["repeats"] < 3 else []  # one added life, then decided
 
@@ -417,13 +417,11 @@ def test_the_training_free_rival_s_k_schedule_is_measured_when_it_may_be_recorde
     first position only. Where the rival may not be recorded, nothing more is started."""
     from draftsmith.eval import serving as serving_mod
 
-    real = serving_mod.schedule_to_measure
-
     def lookup_moves(cells, drafts, k, name=None):
         if name == "ngram":
             bands = [{"from": 1, "to": 1, "k": 2}, {"from": 2, "k": 3}]
             return {"draft": "ngram", "bands": bands, "schedule": [[1, 1, 2], [2, 2, 3]]}
-        return real(cells, drafts, [k[0]], name)  # one K for the candidate: no column
+        return None  # the candidate keeps one K (whatever the fake servers' timings say): no column of its own
 
     monkeypatch.setattr(serving_mod, "schedule_to_measure", lookup_moves)
     settings = ServingSettings(engine="vllm", baselines=["ngram"], concurrency=[1, 2], max_tokens=4, max_prompts=2,
@@ -460,7 +458,7 @@ def test_no_pass_is_added_where_the_passes_left_could_not_settle_the_verdict(fak
     from draftsmith.eval import serving as serving_mod
 
     monkeypatch.setattr(serving_mod, "undecided_serving",
-                        lambda cells, drafts, level, decide, budget=None: [] if budget else [("trained", 2)])
+                        lambda cells, drafts, level, decide, budget=None, lives=0: [] if budget else [("trained", 2)])
     settings = ServingSettings(engine="vllm", baselines=[], concurrency=[1], max_tokens=4, max_prompts=2, warmup=0,
                                python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=1, max_repeats=5)
     serving = run_serving_ab(settings, target="/models/t", drafts={"trained": "/models/d"}, k=[2],

@@ -338,6 +338,32 @@ def test_undecided_serving_names_the_cells_more_passes_could_settle():
     assert undecided_serving([clear, ngram], {"trained": "d", "ngram": "ngram:2-4"}, 4, decide) == []  # no free gate
 
 
+def test_a_verdict_is_not_taken_on_a_cell_short_of_its_server_lives():
+    """The decision lives went to lookup's K=4, then its choice moved to K=2, measured on one server life: the
+    difference trained - lookup reads settled (wholly below 0) on the requests alone, but a cell on fewer lives
+    than a decision is taken on is open — it is measured on lives of its own — and promotion holds the verdict."""
+    from draftsmith.eval.policy import Contract
+    from draftsmith.eval.serving import undecided_serving
+    from draftsmith.eval.serving_stats import MIN_LIVES, lives_of, short_of_lives
+
+    def lived(draft, k, speedup, servers):
+        spec = [load(1, [1.0 / speedup * (1 + 0.01 * i)] * 4, 1.0) for i, _ in enumerate(servers)]
+        for one, server in zip(spec, servers):
+            one.server = server
+        plain = [load(1, [1.0] * 4, speedup) for _ in servers]
+        return make_cell(draft, k, spec, plain)
+
+    mine = lived("trained", 2, 1.4, ["t+plain", "t+plain", "t-life2", "t-life3"])
+    theirs = lived("ngram", 2, 1.9, ["n+plain", "n+plain"])
+    drafts, decide = {"trained": "d", "ngram": "ngram:2-4"}, Contract(at=(1.1,), free_margin=0.0)
+    assert (lives_of(mine), lives_of(theirs)) == (3, 1)
+    assert undecided_serving([mine, theirs], drafts, 1, decide) == []  # settled on the requests alone
+    assert undecided_serving([mine, theirs], drafts, 1, decide, lives=MIN_LIVES) == [("trained", 2), ("ngram", 2)]
+    assert short_of_lives({"decision_servers": {"servers": 2}}, mine, theirs)
+    assert not short_of_lives({"decision_servers": None}, mine, theirs)  # no lives asked for: none missing
+    assert not short_of_lives({"decision_servers": {"servers": 2}}, mine, mine)
+
+
 def test_passes_reach_counts_lives_where_added_passes_are_new_lives():
     """The most more passes could narrow a serving cell's interval: with new server lives and MIN_LIVES lives
     already, the lives' t-interval (3 lives, up to 5 passes from 4: 4 lives); else the passes (4 -> 6)."""
