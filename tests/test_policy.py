@@ -155,8 +155,6 @@ def test_the_contract_from_promote_settings():
 def test_a_production_version_that_is_a_training_free_method_is_the_champion_not_a_rival():
     """The registry's production may record prompt lookup ("no draft needed"): measured as "production" by its
     spec string, it plays the champion; eval/serve baselines naming the same method are not measured twice."""
-    import pytest
-
     from draftsmith.artifacts.errors import ConfigError
     from draftsmith.eval.settings import with_training_free
 
