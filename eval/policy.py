@@ -199,3 +199,10 @@ def to_measure(view: View, roles: Roles, contract: Contract) -> list[Cell]:
     settle (:func:`settleable` at the view's :meth:`View.reach` of their cells); [] when none could."""
     return _cells_of([c for c in _checks(view, roles, contract)
                       if _open(c[1], c[2]) and settleable(c[1], c[2], view.reach(c[0]))])
+
+
+def beyond_reach(key: str, max_repeats: int) -> str:
+    """Why an engine stopped adding passes when verdicts are still open but :func:`to_measure` names nothing (its
+    metrics.json ``repeats.stopped``, serving.json ``added_passes.stopped``); `key` is the engine's budget setting."""
+    return (f"the passes left up to {key}={max_repeats} could not settle it (each open interval, narrowed as far "
+            "as they could narrow it, would still hold its bar)")

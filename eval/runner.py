@@ -48,7 +48,7 @@ from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, with_training_free
 from draftsmith.eval.intervals import Units, choose_k, difference_ci, narrowing, units_from_passes
-from draftsmith.eval.policy import Contract, Roles, to_measure, unsettled
+from draftsmith.eval.policy import Contract, Roles, beyond_reach, to_measure, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 
 HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
@@ -379,8 +379,7 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
             break
         room = [c for c in undecided(cfg, cells, worth=True) if c.repeats < cfg.max_repeats]
         if not room:
-            stopped = (f"the passes left up to eval.max_repeats={cfg.max_repeats} could not settle it (each open "
-                       "interval, narrowed as far as they could narrow it, would still hold its bar)")
+            stopped = beyond_reach("eval.max_repeats", cfg.max_repeats)
             break
         if cfg.time_budget_s and clock() - started >= cfg.time_budget_s:
             stopped = f"eval.time_budget_s={cfg.time_budget_s:g} spent"

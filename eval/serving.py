@@ -61,13 +61,14 @@ from draftsmith.serve.server import VllmServer, require_vllm, started_together
 from draftsmith.decode.ngram import is_ngram_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
-from draftsmith.eval.policy import Contract, Roles, free_may_be_recorded, may_pay, rival, to_measure, unsettled
+from draftsmith.eval.policy import (Contract, Roles, beyond_reach, free_may_be_recorded, may_pay, rival, to_measure,
+                                   unsettled)
 from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
-                                          contenders, decision_level, k_bands, lives_of, make_cell, merge_passes,
-                                          passes_reach, summarize, summary_lines, MIN_LIVES)
+                                          contenders, decision_level, decision_lives, k_bands, lacks_lives,
+                                          make_cell, merge_passes, passes_reach, summarize, summary_lines)
 from draftsmith.eval.settings import ServingSettings, candidate_name, with_training_free
 
 SCHEMA_VERSION = 1
@@ -431,7 +432,7 @@ class _Launched:
                 self.cells += self._cells(name, kk, spec_runs, plain)
 
     def _schedule_now(self, name: Optional[str] = None) -> Optional[dict]:
-        return (schedule_to_measure(self.cells, self.drafts, self.k, name)
+        return (schedule_to_measure(self.cells, self.drafts, name)
                 if self.decide is None or self.decide.schedule else None)
 
     def measure_schedule(self, plain_url: Optional[str]) -> None:
@@ -448,7 +449,7 @@ class _Launched:
         level = self.decision_concurrency()
         if level is None or not self.decide.schedule:
             return
-        lives = MIN_LIVES if self.with_lives else 0  # no verdict on a cell without the lives it is decided on
+        lives = decision_lives(self.with_lives)  # no verdict on a cell without the lives it is decided on
         free = free_may_be_recorded(_Level(self.cells, level, lives=lives), Roles.of(self.drafts), self.decide)
         scheduled = self._schedule_now(free[0]) if free is not None else None
         if scheduled is None:
@@ -497,7 +498,7 @@ class _Launched:
         if not scheduled.get("cells"):
             return
         scheduled.update(track_schedule(self.cells, scheduled))
-        now = schedule_to_measure(self.cells, self.drafts, self.k)
+        now = schedule_to_measure(self.cells, self.drafts)
         if now is None or now["schedule"] != scheduled["schedule"]:
             scheduled["after_lives"] = now and now["schedule"]
 
@@ -608,7 +609,7 @@ class _Launched:
             return
         self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": [], "stopped": "decided"}
         budget = (settings.max_repeats, settings.decision_servers > 0)
-        lives = MIN_LIVES if settings.decision_servers > 0 else 0  # the lives a decision cell is measured on
+        lives = decision_lives(settings.decision_servers)  # the lives a decision cell is measured on
         taken: dict[Cell, int] = {}
         given_up: set[Cell] = set()  # a life that would not start: no more tries for its cells
 
@@ -629,8 +630,7 @@ class _Launched:
                     f"serve.max_repeats={settings.max_repeats} reached"
                     if all(passes(c) >= settings.max_repeats for c in open_) else
                     "a server life would not start" if any(c in given_up for c in open_) else
-                    f"the passes left up to serve.max_repeats={settings.max_repeats} could not settle it (each open "
-                    "interval, narrowed as far as they could narrow it, would still hold its bar)")
+                    beyond_reach("serve.max_repeats", settings.max_repeats))
             return worth
 
         if settings.decision_servers:
@@ -728,7 +728,7 @@ class _Level:
         self.max_repeats, self.new_lives, self.lives = max_repeats, new_lives, lives
 
     def _short(self, *cells) -> bool:
-        return any(lives_of(self.cells[c]) < self.lives for c in cells)
+        return lacks_lives(self.lives, *(self.cells[c] for c in cells))
 
     def choice(self, name: str):
         here = [c for (n, _), c in self.cells.items() if n == name]
@@ -761,7 +761,7 @@ def undecided_serving(cells: list[dict], drafts: dict, level: int, decide: Contr
     return to_measure(_Level(cells, level, *budget, lives=lives), Roles.of(drafts), decide)
 
 
-def schedule_to_measure(cells: list[dict], drafts: dict, k: list[int], name: Optional[str] = None) -> Optional[dict]:
+def schedule_to_measure(cells: list[dict], drafts: dict, name: Optional[str] = None) -> Optional[dict]:
     """{"draft", "bands", "schedule"} of `name` (default: the promotion candidate, eval/settings.py candidate_name)
     when its best K (best_k_per_concurrency) differs between the measured levels — the schedule a promotion would
     export (serve/schedule.py) — else None: one static K (or off everywhere) is already a measured column."""

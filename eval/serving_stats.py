@@ -167,11 +167,22 @@ def lives_of(cell: dict) -> int:
     return len(set((cell.get("timings") or {}).get("servers") or []))
 
 
+def decision_lives(decision_servers: int) -> int:
+    """The server lives a cell a verdict is taken on must have run on: MIN_LIVES when the A/B gives decision cells
+    more lives (serve.decision_servers), else none asked for."""
+    return MIN_LIVES if decision_servers else 0
+
+
+def lacks_lives(lives: int, *cells: Optional[dict]) -> bool:
+    """Whether any of `cells` ran on fewer than `lives` server lives: such a cell's interval does not hold the spread
+    between server starts, so a verdict is not taken on it (eval/serving.py asks for its lives)."""
+    return any(c is not None and lives_of(c) < lives for c in cells)
+
+
 def short_of_lives(serving: dict, *cells: Optional[dict]) -> bool:
-    """Whether a verdict on `cells` would be taken on fewer server lives than the serving A/B gives the cells it
-    decides on (MIN_LIVES, when it ran serve.decision_servers): such a cell's interval does not hold the spread
-    between server starts, so a difference declared on it is not one (eval/serving.py asks for its lives)."""
-    return bool(serving.get("decision_servers")) and any(c is not None and lives_of(c) < MIN_LIVES for c in cells)
+    """Whether a verdict on `cells` would be taken on fewer server lives than the serving A/B recorded in `serving`
+    (its serving.json) gives the cells it decides on (:func:`decision_lives`)."""
+    return lacks_lives(decision_lives(serving.get("decision_servers") or 0), *cells)
 
 
 def passes_reach(cell: dict, max_passes: int, *, new_lives: bool) -> float:

@@ -417,7 +417,7 @@ def test_the_training_free_rival_s_k_schedule_is_measured_when_it_may_be_recorde
     first position only. Where the rival may not be recorded, nothing more is started."""
     from draftsmith.eval import serving as serving_mod
 
-    def lookup_moves(cells, drafts, k, name=None):
+    def lookup_moves(cells, drafts, name=None):
         if name == "ngram":
             bands = [{"from": 1, "to": 1, "k": 2}, {"from": 2, "k": 3}]
             return {"draft": "ngram", "bands": bands, "schedule": [[1, 1, 2], [2, 2, 3]]}

@@ -256,13 +256,13 @@ def test_the_schedule_is_measured_only_when_the_best_k_changes_with_load():
     drafts = {"trained": "d", "base": "b"}
     changing = CELLS + [cell("base", 2, 1, 3.0)]
     s = schedule_to_measure([{**c, "draft": "trained" if c["draft"] == "d" else c["draft"]} for c in changing],
-                            drafts, [2, 4])
+                            drafts)
     assert s["draft"] == "trained" and [b["k"] for b in s["bands"]] == [4, 2, 0]
     assert s["schedule"][0][:1] == [1] and s["schedule"][-1][2] == 0  # contiguous from batch size 1, off at the top
     static = [cell("trained", 2, 1, 1.8), cell("trained", 4, 1, 1.2), cell("trained", 2, 8, 1.5)]
-    assert schedule_to_measure(static, drafts, [2, 4]) is None  # K=2 everywhere: already a measured column
+    assert schedule_to_measure(static, drafts) is None  # K=2 everywhere: already a measured column
     off = [cell("trained", 2, 1, 0.9), cell("trained", 2, 8, 0.8)]
-    assert schedule_to_measure(off, drafts, [2]) is None
+    assert schedule_to_measure(off, drafts) is None
 
 
 def test_track_schedule_compares_with_the_best_static_k_or_off_within_the_intervals():
