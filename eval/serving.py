@@ -213,6 +213,12 @@ def k_at_once(settings: ServingSettings, device: str, n_k: int) -> int:
     return n
 
 
+# The most spec servers the main passes run as one group across proposers on the CPU (beside one plain server): the
+# preset's decision lives run a plain server beside two spec servers with the plain passes at their pace alone
+# (13.1-13.2 tokens/s against 11.9-13.9 beside one), while four beside it slowed every pass (the demo's run B).
+TOGETHER_UP_TO = 2
+
+
 def chunked(items: list, size: int) -> list[list]:
     """`items` in consecutive groups of at most `size`."""
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
@@ -415,19 +421,23 @@ class _Launched:
         return runs
 
     def main_cells(self, plain_url: Optional[str]) -> None:
-        """Every proposer at every K and level: serve.repeats passes each — one proposer at a time beside the plain
-        server, as many of its K's spec servers up at once as :meth:`up_at_once` allows (one plain pass per round
-        serves them). Not every proposer at once: five servers start no sooner than two groups in turn on a 2-core
-        host, and the idle ones slow the passes of the others (BENCHMARKS.md, "The demo's budget")."""
-        for name in self.drafts:
-            cells = [(name, kk) for kk in self.k]
+        """Every proposer at every K and level: serve.repeats passes each, beside the plain server. On the CPU with
+        serve.k_at_once unset, when all the proposers' cells come to at most :data:`TOGETHER_UP_TO` spec servers
+        they run as one group (one plain pass per round serves them all: the preset's head and lookup at one K);
+        otherwise one proposer at a time, as many of its K's spec servers up at once as :meth:`up_at_once`
+        allows. Not every proposer at once beyond that: five servers start no sooner than two groups in turn on a
+        2-core host, and the idle ones slow the passes of the others (BENCHMARKS.md, "The demo's budget")."""
+        every = [(name, kk) for name in self.drafts for kk in self.k]
+        together = (self.device == "cpu" and self.settings.k_at_once is None and len(every) <= TOGETHER_UP_TO
+                    and not self.settings.fresh_servers and plain_url is not None)
+        for cells in [every] if together else [[(name, kk) for kk in self.k] for name in self.drafts]:
             if self.settings.fresh_servers or plain_url is None:
                 runs = [self.fresh_passes(name, kk) if self.settings.fresh_servers else self.measure(name, kk)
-                        for kk in self.k]
+                        for name, kk in cells]
             else:
                 runs = [r for group in chunked(cells, self.up_at_once(len(cells)))
                         for r in self.measure_together(group, plain_url)]
-            for kk, (spec_runs, plain) in zip(self.k, runs):
+            for (name, kk), (spec_runs, plain) in zip(cells, runs):
                 self.raw[(name, kk)] = (spec_runs, plain)
                 self.cells += self._cells(name, kk, spec_runs, plain)
 

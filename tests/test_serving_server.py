@@ -2,6 +2,7 @@
 and always stops the whole process group (a server ignoring SIGTERM, its child, Ctrl-C), leaving nothing
 running; and run_serving_ab launching servers end to end through the same fake."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -400,13 +401,38 @@ def test_the_candidate_and_its_rival_share_each_life_s_plain_server(fake, tmp_pa
     assert [log for log in serving["logs"] if "life" in log] == [
         "serving_logs/plain-life2.log", "serving_logs/trained-k2-life2.log", "serving_logs/ngram-k2-life2.log",
         "serving_logs/plain-life3.log", "serving_logs/trained-k2-life3.log", "serving_logs/ngram-k2-life3.log"]
-    assert groups == [["trained-k2"], ["ngram-k2"], ["trained-k2-life2", "ngram-k2-life2"],
-                      ["trained-k2-life3", "ngram-k2-life3"]]
+    assert groups == [["trained-k2", "ngram-k2"], ["trained-k2-life2", "ngram-k2-life2"],
+                      ["trained-k2-life3", "ngram-k2-life3"]]  # two spec servers: the main passes as one group too
     cells = {c["draft"]: c for c in serving["cells"]}
     assert cells["ngram"]["timings"]["servers"] == ["ngram-k2+plain", "ngram-k2-life2", "ngram-k2-life3"]
-    assert cells["trained"]["timings"]["plain_s"][1:] == cells["ngram"]["timings"]["plain_s"][1:]  # one plain pass
+    assert cells["trained"]["timings"]["plain_s"] == cells["ngram"]["timings"]["plain_s"]  # one plain pass each round
     assert [(c["draft"], c["lives"]) for c in serving["decision_servers"]["cells"]] == [("trained", 3), ("ngram", 3)]
     assert len(recorded_pids(tmp_path / "pids")["server"]) == 3 + 2 * 3 and all_gone(tmp_path / "pids")
+
+
+def test_the_main_passes_run_one_proposer_at_a_time_beyond_two_spec_servers(fake, tmp_path, monkeypatch):
+    """The main passes put every proposer's cells in one group only up to eval/serving.py TOGETHER_UP_TO spec
+    servers; with two K's for the draft and for lookup (four), one proposer at a time beside the plain server, each
+    with its own plain passes; serve.k_at_once set: the groups it asks for, not the shared one."""
+    groups = _spy_started_together(monkeypatch)
+    settings = ServingSettings(engine="vllm", baselines=["ngram"], concurrency=[1], max_tokens=4, max_prompts=2,
+                               warmup=0, python=str(fake), startup_timeout_s=30, repeats=1, decision_servers=0)
+
+    def run(out, k, **over):
+        groups.clear()
+        return run_serving_ab(dataclasses.replace(settings, **over), target="/models/t",
+                              drafts={"trained": "/models/d"}, k=k, prompts=[[5, 6], [7, 8, 9]],
+                              out_dir=tmp_path / out, log=lambda *_: None)
+
+    serving = run("four", [2, 3])
+    assert groups == [["trained-k2", "trained-k3"], ["ngram-k2", "ngram-k3"]]
+    cells = {(c["draft"], c["k"]): c for c in serving["cells"]}
+    assert cells[("trained", 2)]["timings"]["plain_s"] == cells[("trained", 3)]["timings"]["plain_s"]
+    assert cells[("trained", 2)]["timings"]["plain_s"] != cells[("ngram", 2)]["timings"]["plain_s"]
+    run("two", [2])
+    assert groups == [["trained-k2", "ngram-k2"]]
+    run("asked", [2], k_at_once=1)
+    assert groups == [["trained-k2"], ["ngram-k2"]]
 
 
 def test_the_training_free_rival_s_k_schedule_is_measured_when_it_may_be_recorded(fake, tmp_path, monkeypatch):
