@@ -226,6 +226,34 @@ def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_pat
     assert not (other / features.FEATURES).exists()  # a process other than the main one writes nothing
 
 
+def test_the_training_rows_features_follow_the_training_precision_the_held_out_ones_stay_float32(tmp_path):
+    """Under method.mixed_precision=bf16 the target's features of the training rows are computed in its autocast
+    (a CPU with AMX ran that pass 2.2x faster on SmolLM2), the held-out rows' in float32 as the head is served, and the
+    precision is part of the key, so a file computed under the other one is not read back."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    target = make_model("llama", seed=0)
+    rows = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    seen = []
+
+    def compute(rows_):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return eagle_objective.target_features(target, rows_)
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    bf16, held = features.load_features(tmp_path, {"p": "bf16"}, compute, rows, rows[:1], log=lambda m: None,
+                                        train_precision=acc.autocast)
+    assert seen == [True, False]
+    plain, held32 = features.load_features(tmp_path, {"p": "no"}, compute, rows, rows[:1], log=lambda m: None)
+    assert seen == [True, False, False, False]  # another precision, another key: computed again
+    assert torch.equal(held[0]["h"], held32[0]["h"])  # the held-out rows in float32 either way
+    assert not torch.equal(bf16[0]["h"], plain[0]["h"])  # the training rows in bf16: close, not equal
+    torch.testing.assert_close(bf16[0]["h"], plain[0]["h"], rtol=0.1, atol=0.1)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, tmp_path):
     import shutil
 
