@@ -67,7 +67,7 @@ from draftsmith.eval.load import run_load
 from draftsmith.eval.order import interleaved
 from draftsmith.serve.client import served_model
 from draftsmith.eval.serving_stats import (best_k_per_concurrency, cell_difference_ci, compare_reference,  # noqa: F401
-                                          contenders, decision_level, decision_lives, k_bands, lacks_lives,
+                                          contenders, decision_level, k_bands, lacks_lives, lives_needed,
                                           make_cell, merge_passes, passes_reach, summarize, summary_lines)
 from draftsmith.eval.settings import ServingSettings, candidate_name, with_training_free
 
@@ -214,8 +214,9 @@ def k_at_once(settings: ServingSettings, device: str, n_k: int) -> int:
 
 
 # The most spec servers the main passes run as one group across proposers on the CPU (beside one plain server): the
-# preset's decision lives run a plain server beside two spec servers with the plain passes at their pace alone
-# (13.1-13.2 tokens/s against 11.9-13.9 beside one), while four beside it slowed every pass (the demo's run B).
+# preset's decision lives run a plain server beside two spec servers with its passes at 1 request at their pace
+# beside one (BENCHMARKS.md, "The preset's cheaper stages"), while four beside it started no sooner than two groups
+# in turn and the plain server read lower at 8 requests (the demo's run B, "The demo's budget").
 TOGETHER_UP_TO = 2
 
 
@@ -459,7 +460,7 @@ class _Launched:
         level = self.decision_concurrency()
         if level is None or not self.decide.schedule:
             return
-        lives = decision_lives(self.with_lives)  # no verdict on a cell without the lives it is decided on
+        lives = lives_needed(self.with_lives)  # no verdict on a cell without the lives it is decided on
         free = free_may_be_recorded(_Level(self.cells, level, lives=lives), Roles.of(self.drafts), self.decide)
         scheduled = self._schedule_now(free[0]) if free is not None else None
         if scheduled is None:
@@ -619,7 +620,7 @@ class _Launched:
             return
         self.added = {"concurrency": level, "max_repeats": settings.max_repeats, "cells": [], "stopped": "decided"}
         budget = (settings.max_repeats, settings.decision_servers > 0)
-        lives = decision_lives(settings.decision_servers)  # the lives a decision cell is measured on
+        lives = lives_needed(settings.decision_servers)  # the lives a decision cell is measured on
         taken: dict[Cell, int] = {}
         given_up: set[Cell] = set()  # a life that would not start: no more tries for its cells
 

@@ -167,9 +167,10 @@ def lives_of(cell: dict) -> int:
     return len(set((cell.get("timings") or {}).get("servers") or []))
 
 
-def decision_lives(decision_servers: int) -> int:
+def lives_needed(decision_servers) -> int:
     """The server lives a cell a verdict is taken on must have run on: MIN_LIVES when the A/B gives decision cells
-    more lives (serve.decision_servers), else none asked for."""
+    more lives (`decision_servers` truthy: serve.decision_servers > 0, or serving.json's record of those lives),
+    else none asked for."""
     return MIN_LIVES if decision_servers else 0
 
 
@@ -181,8 +182,8 @@ def lacks_lives(lives: int, *cells: Optional[dict]) -> bool:
 
 def short_of_lives(serving: dict, *cells: Optional[dict]) -> bool:
     """Whether a verdict on `cells` would be taken on fewer server lives than the serving A/B recorded in `serving`
-    (its serving.json) gives the cells it decides on (:func:`decision_lives`)."""
-    return lacks_lives(decision_lives(serving.get("decision_servers") or 0), *cells)
+    (its serving.json) gives the cells it decides on (:func:`lives_needed`)."""
+    return lacks_lives(lives_needed(serving.get("decision_servers")), *cells)
 
 
 def passes_reach(cell: dict, max_passes: int, *, new_lives: bool) -> float:

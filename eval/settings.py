@@ -157,7 +157,8 @@ class ServingSettings(ServerSettings):
     # up at once share 0.9 of its memory unless serve.gpu_memory_utilization says otherwise); false: one server at a
     # time, the plain passes first
     k_at_once: Optional[int] = None  # spec servers up at once beside the plain one (serve.interleave): every K of a
-    # proposer (or every cell of a decision life) starts together and each pass of a level runs the plain server
+    # proposer (every proposer's cells when they come to at most two spec servers: eval/serving.py TOGETHER_UP_TO;
+    # every cell of a decision life) starts together and each pass of a level runs the plain server
     # once and every spec server in turn (order rotated), so that one plain pass serves them all and one start-up
     # wait every server;
     # None: all of them on the CPU (host RAM holds many copies of a small model, and three servers start in the time

@@ -33,14 +33,15 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from draftsmith.artifacts.formats import read_datagen
+    from draftsmith.decode.eagle3 import default_layers
     from draftsmith.train.eagle3 import target_aux_rows
     from draftsmith.train.features import split_rows
 
     ds = read_datagen(args.data)[0]["train"]
     rows = split_rows(ds.select(range(min(args.rows, len(ds)))), None)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    n = model.config.num_hidden_layers
-    layers = [2, n // 2, n - 3]
+    model.requires_grad_(False)  # as the train stage holds it (autocast then casts the weights on every batch)
+    layers = default_layers(model.config.num_hidden_layers)
     seconds: dict[str, list[float]] = {"float32": [], "bf16": []}
     out = {}
     for _ in range(args.repeats):

@@ -228,30 +228,50 @@ def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_pat
 
 def test_the_training_rows_features_follow_the_training_precision_the_held_out_ones_stay_float32(tmp_path):
     """Under method.mixed_precision=bf16 the target's features of the training rows are computed in its autocast
-    (a CPU with AMX ran that pass 2.2x faster on SmolLM2), the held-out rows' in float32 as the head is served, and the
-    precision is part of the key, so a file computed under the other one is not read back."""
+    (a CPU with AMX ran that pass ~2x faster on SmolLM2), the held-out rows' in float32 as the head is served, and
+    the precision is part of the key (train/features.py run_features), so a file computed under the other one is
+    not read back; fp16 leaves the target's forward in float32."""
+    from types import SimpleNamespace
+
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+    from datasets import Dataset
+
+    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
 
     target = make_model("llama", seed=0)
-    rows = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    data = tmp_path / "datagen"
+    data.mkdir()
+    (data / DATAGEN_MANIFEST).write_text("{}")
+    split = Dataset.from_dict({"prompt_ids": [[5, 6, 7], [10, 11]], "completion_ids": [[8, 9], [12, 13, 14]]})
+    ds = {"train": split, "heldout": split.select([0])}
+    cfg = SimpleNamespace(data_dir=str(data), target="t", max_len=None, eval_rows=1, out_dir=str(tmp_path / "out"),
+                          batch_size=1)
     seen = []
 
     def compute(rows_):
         seen.append(torch.is_autocast_enabled("cpu"))
         return eagle_objective.target_features(target, rows_)
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    acc = Accelerator(cpu=True, mixed_precision="bf16")
-    bf16, held = features.load_features(tmp_path, {"p": "bf16"}, compute, rows, rows[:1], log=lambda m: None,
-                                        train_precision=acc.autocast)
+    def run(precision):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        try:
+            return features.run_features(cfg, Accelerator(cpu=True, mixed_precision=precision), ds, compute)
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+
+    bf16, held = run("bf16")
     assert seen == [True, False]
-    plain, held32 = features.load_features(tmp_path, {"p": "no"}, compute, rows, rows[:1], log=lambda m: None)
+    run("bf16")
+    assert seen == [True, False]  # the same precision: read back
+    plain, held32 = run("no")
     assert seen == [True, False, False, False]  # another precision, another key: computed again
     assert torch.equal(held[0]["h"], held32[0]["h"])  # the held-out rows in float32 either way
     assert not torch.equal(bf16[0]["h"], plain[0]["h"])  # the training rows in bf16: close, not equal
     torch.testing.assert_close(bf16[0]["h"], plain[0]["h"], rtol=0.1, atol=0.1)
-    AcceleratorState._reset_state(reset_partial_state=True)
+    (tmp_path / "out" / features.FEATURES).unlink()
+    run("fp16")
+    assert seen[4:] == [False, False]  # computed again, in float32
 
 
 def test_the_features_key_changes_when_the_datagen_output_is_regenerated(setup, tmp_path):

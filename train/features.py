@@ -6,11 +6,12 @@ streams entering three layers and its final features). They are computed before 
 head and its layers, the training rows' precision), so a resumed run reads them back instead of computing them
 again; the objective deletes the file when the stage completes.
 
-The training rows' features are computed under the training's mixed precision (``method.mixed_precision``; auto:
-bf16 on a CPU with AMX or AVX512-BF16, float32 elsewhere), the held-out rows' in float32, as the head is served
-and its held-out figures (the best step) are read. On SmolLM2 with AMX the bf16 pass ran 2.2x faster (BENCHMARKS.md,
-"The target's features in bf16"), its features within ~1% of float32's, and the head trained on them held out no
-worse.
+The training rows' features are computed in bf16 when the training runs in it (``method.mixed_precision=bf16``, or
+auto where it resolves to bf16: a GPU that has it, a CPU with AMX or AVX512-BF16), else in float32 (fp16 is not
+used for the target's forward: its activations may overflow it); the held-out rows' always in float32, as the
+head is served and its held-out figures (the best step) are read. On SmolLM2 with AMX the bf16 pass ran ~2x
+faster, its features within ~1% of float32's, and the head trained on them held out no worse (BENCHMARKS.md,
+"The preset's cheaper stages").
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def split_rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def features_key(cfg, n_train: int, n_heldout: int, **kind) -> dict:
+def features_key(cfg, n_train: int, n_heldout: int, train_precision: str = "no", **kind) -> dict:
     """What makes ``features.pt`` reusable: the format, the datagen output (its path and the sha256 of its
     manifest.json, which a regenerated output at the same path changes: its timings, counts, config), the target,
-    the rows, and `kind` (what the head reads: EAGLE-3's kind and layers)."""
+    the rows, the precision of the training rows' features (`train_precision`: bf16, or no: float32) and `kind`
+    (what the head reads: EAGLE-3's kind and layers)."""
     import hashlib
 
     from draftsmith.artifacts.formats import DATAGEN_MANIFEST
@@ -51,7 +53,7 @@ def features_key(cfg, n_train: int, n_heldout: int, **kind) -> dict:
     manifest = hashlib.sha256((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_bytes()).hexdigest()
     return {"format": FEATURES_FORMAT, "data": str(Path(cfg.data_dir).resolve()), "data_manifest": manifest,
             "target": str(cfg.target), "max_len": cfg.max_len, "train_rows": n_train, "heldout_rows": n_heldout,
-            **kind}
+            "train_precision": train_precision, **kind}
 
 
 def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], train_rows, heldout_rows, log=print,
@@ -85,18 +87,20 @@ def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], tra
 def run_features(cfg, accelerator, ds, compute: Callable[[list], list], **kind) -> tuple[list, list]:
     """A train run's features (:func:`load_features` in ``cfg.out_dir``, keyed by :func:`features_key` and `kind`)
     of the datagen splits `ds`: every training row and the first ``method.eval_rows`` held-out ones, cut to
-    ``method.max_len``, the training rows under the accelerator's autocast (``method.mixed_precision``), the held-out
-    ones in float32; the main process writes them, every process waits for it. A TrainingError when fewer
+    ``method.max_len``, the training rows under the accelerator's autocast when it is bf16, the held-out ones in
+    float32; the main process writes them, every process waits for it. A TrainingError when fewer
     usable training rows than one batch per process remain."""
     from draftsmith.train.loop import TrainingError
 
     heldout = ds["heldout"].select(range(min(cfg.eval_rows, len(ds["heldout"]))))
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = features_key(cfg, len(ds["train"]), len(heldout), train_precision=str(accelerator.mixed_precision), **kind)
+    bf16 = str(accelerator.mixed_precision) == "bf16"
+    key = features_key(cfg, len(ds["train"]), len(heldout), train_precision="bf16" if bf16 else "no", **kind)
     train, held = load_features(out_dir, key, compute, split_rows(ds["train"], cfg.max_len),
                                 split_rows(heldout, cfg.max_len), log=accelerator.print,
-                                write=accelerator.is_main_process, train_precision=accelerator.autocast)
+                                write=accelerator.is_main_process,
+                                train_precision=accelerator.autocast if bf16 else contextlib.nullcontext)
     accelerator.wait_for_everyone()
     world = accelerator.num_processes
     if len(train) < cfg.batch_size * world:
