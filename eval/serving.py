@@ -213,10 +213,8 @@ def k_at_once(settings: ServingSettings, device: str, n_k: int) -> int:
     return n
 
 
-# The most spec servers the main passes run as one group across proposers on the CPU (beside one plain server): the
-# preset's decision lives run a plain server beside two spec servers with its passes at 1 request at their pace
-# beside one (BENCHMARKS.md, "The preset's cheaper stages"), while four beside it started no sooner than two groups
-# in turn and the plain server read lower at 8 requests (the demo's run B, "The demo's budget").
+# The most spec servers the main passes run as one group across proposers on the CPU, beside one plain server: two
+# cost the plain server nothing measurable, four did on a 2-core host (BENCHMARKS.md, "The preset's cheaper stages").
 TOGETHER_UP_TO = 2
 
 
@@ -426,8 +424,7 @@ class _Launched:
         serve.k_at_once unset, when all the proposers' cells come to at most :data:`TOGETHER_UP_TO` spec servers
         they run as one group (one plain pass per round serves them all: the preset's head and lookup at one K);
         otherwise one proposer at a time, as many of its K's spec servers up at once as :meth:`up_at_once`
-        allows. Not every proposer at once beyond that: five servers start no sooner than two groups in turn on a
-        2-core host, and the idle ones slow the passes of the others (BENCHMARKS.md, "The demo's budget")."""
+        allows."""
         every = [(name, kk) for name in self.drafts for kk in self.k]
         together = (self.device == "cpu" and self.settings.k_at_once is None and len(every) <= TOGETHER_UP_TO
                     and not self.settings.fresh_servers and plain_url is not None)

@@ -9,9 +9,8 @@ again; the objective deletes the file when the stage completes.
 The training rows' features are computed in bf16 when the training runs in it (``method.mixed_precision=bf16``, or
 auto where it resolves to bf16: a GPU that has it, a CPU with AMX or AVX512-BF16), else in float32 (fp16 is not
 used for the target's forward: its activations may overflow it); the held-out rows' always in float32, as the
-head is served and its held-out figures (the best step) are read. On SmolLM2 with AMX the bf16 pass ran ~2x
-faster, its features within ~1% of float32's, and the head trained on them held out no worse (BENCHMARKS.md,
-"The preset's cheaper stages").
+head is served and its held-out figures (the best step) are read. Why: the pass runs ~2x faster where bf16 is
+native, and the head is no worse for it (BENCHMARKS.md, "The preset's cheaper stages").
 """
 
 from __future__ import annotations
