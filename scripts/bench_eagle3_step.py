@@ -11,6 +11,11 @@ the same batch; steps alternate (the order rotated per repeat), under `--precisi
 ratio whole / window, and both losses on the first step (equal up to rounding: the same sum).
 
     python scripts/bench_eagle3_step.py --data runs/smollm2-135m/datagen --steps 2 --repeats 7
+
+With ``--compare-vocab N`` it compares draft vocabularies instead: the completion-window step of a head over
+``--vocab`` ids against one over N ids (``method.draft_vocab``), same batch, alternating; the JSON adds the ratio.
+
+    python scripts/bench_eagle3_step.py --data OUT/datagen --precision float32 --compare-vocab 4096 --repeats 9
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=2, help="unrolled steps of the training-time test")
     ap.add_argument("--precision", choices=["bf16", "float32"], default="bf16")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--compare-vocab", type=int, help="compare the window step at --vocab ids with one at this many")
     args = ap.parse_args(argv)
 
     from draftsmith.decode.eagle3 import Eagle3Head, default_layers
@@ -86,6 +92,11 @@ def main(argv=None) -> dict:
 
     variants = {"whole rows": whole, "completion window": window}
     heads = {name: copy.deepcopy(start).train() for name in variants}
+    if args.compare_vocab:
+        torch.manual_seed(0)
+        variants = {f"vocab {args.vocab}": window, f"vocab {args.compare_vocab}": window}
+        heads = {f"vocab {args.vocab}": copy.deepcopy(start).train(),
+                 f"vocab {args.compare_vocab}": Eagle3Head(cfg, layers, torch.arange(args.compare_vocab)).train()}
     optims = {name: new_optimizer(list(heads[name].parameters()),
                                   TrainConfig(data_dir="", draft="", out_dir="", lr=1e-4)) for name in variants}
 
@@ -112,7 +123,8 @@ def main(argv=None) -> dict:
               "precision": args.precision, "threads": torch.get_num_threads(),
               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "s_per_step": {name: round(v, 4) for name, v in med.items()},
-              "whole_over_window": round(med["whole rows"] / med["completion window"], 3),
+              **({"first_over_second": round(med[names[0]] / med[names[1]], 3)} if args.compare_vocab else
+                 {"whole_over_window": round(med["whole rows"] / med["completion window"], 3)}),
               "seconds": {name: [round(x, 4) for x in s] for name, s in seconds.items()},
               "first_loss": {name: round(v, 5) for name, v in first.items()}}
     print(json.dumps(report, indent=2))

@@ -5,6 +5,12 @@ the medians, how far the bf16 features are from float32's (the median relative e
 rows) and how often the target's argmax agrees.
 
     python scripts/bench_features.py --target TARGET_DIR --data OUT/datagen --rows 128
+
+With ``--compare argmax`` it measures the pass with the target's argmax over its full head (``top=True``, what the
+held-out rows need) against without it (the training rows: the loss does not read it), both in float32, as on a
+host without native bf16: seconds, the speed ratio, and whether the features are equal.
+
+    python scripts/bench_features.py --target TARGET_DIR --data OUT/datagen --rows 128 --compare argmax
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="a datagen output folder (OUT/datagen)")
     ap.add_argument("--rows", type=int, default=128, help="training rows measured")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--compare", choices=["precision", "argmax"], default="precision",
+                    help="float32 vs bf16 autocast (default), or with vs without the target's argmax (float32)")
     args = ap.parse_args()
 
     import torch
@@ -42,6 +50,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     model.requires_grad_(False)  # as the train stage holds it (autocast then casts the weights on every batch)
     layers = default_layers(model.config.num_hidden_layers)
+    if args.compare == "argmax":
+        return compare_argmax(model, rows, layers, args)
     seconds: dict[str, list[float]] = {"float32": [], "bf16": []}
     out = {}
     for _ in range(args.repeats):
@@ -63,6 +73,29 @@ def main() -> None:
         "bf16_over_float32_speed": med["float32"] / med["bf16"],
         "max_row_median_relative_error": {"aux": rel("aux"), "h": rel("h")},
         "argmax_agreement": sum(int((a["top"] == b["top"]).sum()) for a, b in zip(out["float32"], out["bf16"])) / tokens,
+    }, indent=1))
+
+
+def compare_argmax(model, rows, layers, args) -> None:
+    import torch
+
+    from draftsmith.train.eagle3 import target_aux_rows
+
+    seconds: dict[str, list[float]] = {"with argmax": [], "without": []}
+    out = {}
+    for r in range(args.repeats):
+        for kind in (("with argmax", "without") if r % 2 == 0 else ("without", "with argmax")):
+            start = time.perf_counter()
+            out[kind] = target_aux_rows(model, rows, layers, top=kind == "with argmax")
+            seconds[kind].append(time.perf_counter() - start)
+    tokens = sum(len(r["ids"]) for r in out["without"])
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    print(json.dumps({
+        "target": args.target, "rows": len(rows), "tokens": tokens, "layers": layers, "threads": torch.get_num_threads(),
+        "seconds": seconds, "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "without_over_with_speed": med["with argmax"] / med["without"],
+        "features_equal": all(torch.equal(a["aux"], b["aux"]) and torch.equal(a["h"], b["h"])
+                              for a, b in zip(out["with argmax"], out["without"])),
     }, indent=1))
 
 

@@ -160,6 +160,29 @@ def test_the_ttt_loss_by_hand_for_two_steps(target):
                                                                                                  False]]))
 
 
+def test_the_training_rows_features_without_the_argmax_give_the_same_loss(target):
+    """The training rows' features are computed without the target's argmax over its full head (top=False: the
+    loss reads the final features, only the held-out figures read the argmax): the features are those of the full
+    pass, the argmax slots are -1, the loss and its gradients are the same."""
+    head = randomised(head_for_target(target, LAYERS, torch.arange(4, 40)), seed=8)
+    rows = [([5, 6, 7], [8, 9, 10, 11]), ([12, 13], [14, 15, 16])]
+    full, bare = target_aux_rows(target, rows, LAYERS), target_aux_rows(target, rows, LAYERS, top=False)
+    assert all("top" in it for it in full) and all("top" not in it for it in bare)
+    for a, b in zip(full, bare):
+        assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["h"], b["h"]) and torch.equal(a["ids"], b["ids"])
+    s_full, s_bare = shifted3(full), shifted3(bare)
+    assert (s_bare.top_next == -1).all() and (s_full.top_next[s_full.valid] >= 0).all()
+    emb_w, full_w = target.model.embed_tokens.weight, target.lm_head.weight
+    grads = []
+    for s in (s_full, s_bare):
+        head.zero_grad()
+        loss, _ = eagle3_loss(head, s, emb_w, full_w, steps=2, decay=0.5, on="completion")
+        loss.backward()
+        grads.append((float(loss), [p.grad.clone() for p in head.parameters() if p.grad is not None]))
+    assert grads[0][0] == grads[1][0] and len(grads[0][1]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
 def test_the_completion_window_computes_what_the_whole_rows_do_where_the_loss_reads(target):
     """Training on the completion's slots runs the unrolled steps there only (``ttt_window``): at those slots each
     step's output equals the whole-row ``ttt``'s, and the loss and every gradient equal the whole-row path's — for

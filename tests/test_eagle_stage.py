@@ -208,11 +208,13 @@ def test_features_of_other_data_or_a_torn_file_are_computed_again(setup, tmp_pat
     monkeypatch.setattr(eagle_objective, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     key = {"data": "a", "rows": 2}
 
-    def compute(rows_):
-        return eagle_objective.target_features(target, rows_)
+    def compute(rows_, top):
+        return eagle_objective.target_features(target, rows_, top=top)
 
-    first, _ = features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
+    first, held = features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 2 and (tmp_path / features.FEATURES).exists()
+    # the target's argmax only on the held-out rows (the held-out figures read it; the loss does not)
+    assert all("top" not in it for it in first) and all("top" in it for it in held)
     again, _ = features.load_features(tmp_path, key, compute, rows, rows[:1], log=lambda m: None)
     assert len(calls) == 2 and torch.equal(again[1]["h"], first[1]["h"])  # read back, not recomputed
     features.load_features(tmp_path, {**key, "data": "b"}, compute, rows, rows[:1], log=lambda m: None)
@@ -249,9 +251,9 @@ def test_the_training_rows_features_follow_the_training_precision_the_held_out_o
                           batch_size=1)
     seen = []
 
-    def compute(rows_):
+    def compute(rows_, top):
         seen.append(torch.is_autocast_enabled("cpu"))
-        return eagle_objective.target_features(target, rows_)
+        return eagle_objective.target_features(target, rows_, top=top)
 
     def run(precision):
         AcceleratorState._reset_state(reset_partial_state=True)

@@ -22,19 +22,21 @@ from draftsmith.decode.eagle import EagleHead
 
 # -- features and batches --------------------------------------------------------------------------
 @torch.no_grad()
-def target_features(target: torch.nn.Module, rows: list[tuple[list[int], list[int]]], batch: int = 16) -> list[dict]:
+def target_features(target: torch.nn.Module, rows: list[tuple[list[int], list[int]]], batch: int = 16,
+                    top: bool = True) -> list[dict]:
     """Teacher-forced target features of (prompt_ids, completion_ids) rows -> per row, in order: ``ids`` [L],
-    ``h`` [L, H] (post-norm last hidden states), ``top`` [L] (the target's argmax over its full head) and
-    ``prompt_len``. Rows are batched by length, right-padded (causal attention: the padding never reaches a
-    real position)."""
+    ``h`` [L, H] (post-norm last hidden states), with `top` ``top`` [L] (the target's argmax over its full head:
+    the held-out figures read it, the loss does not) and ``prompt_len``. Rows are batched by length, right-padded
+    (causal attention: the padding never reaches a real position)."""
     out: list[dict | None] = [None] * len(rows)
     for idx, ids, mask in padded_batches(rows, batch, target.lm_head.weight.device):
         hs = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        top = target.lm_head(hs).argmax(-1)
+        argmax = target.lm_head(hs).argmax(-1) if top else None
         for j, i in enumerate(idx):
             length = int(mask[j].sum())
-            out[i] = {"ids": ids[j, :length].cpu(), "h": hs[j, :length].cpu(), "top": top[j, :length].cpu(),
-                      "prompt_len": len(rows[i][0])}
+            out[i] = {"ids": ids[j, :length].cpu(), "h": hs[j, :length].cpu(), "prompt_len": len(rows[i][0])}
+            if top:
+                out[i]["top"] = argmax[j, :length].cpu()
     return out  # type: ignore[return-value]
 
 
@@ -84,7 +86,8 @@ def shifted(items: list[dict]) -> Shifted:
         s.next_ids[j, :length] = it["ids"][1:]
         s.h[j, :length] = it["h"][:-1]
         s.h_next[j, :length] = it["h"][1:]
-        s.top_next[j, :length] = it["top"][1:]
+        if "top" in it:  # the held-out rows' (target_features top=True); -1 elsewhere
+            s.top_next[j, :length] = it["top"][1:]
         s.valid[j, :length] = True
         # a round's first proposal reads (x_P, h_{P-1}): slots t >= P-1 (x_P itself comes from the prefill)
         s.completion[j, max(0, it["prompt_len"] - 1):length] = True

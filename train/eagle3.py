@@ -28,20 +28,22 @@ from draftsmith.train.eagle import padded_batches
 
 @torch.no_grad()
 def target_aux_rows(target: torch.nn.Module, rows: list[tuple[list[int], list[int]]], layers: list[int],
-                    batch: int = 16) -> list[dict]:
+                    batch: int = 16, top: bool = True) -> list[dict]:
     """Teacher-forced features of (prompt_ids, completion_ids) rows -> per row, in order: ``ids`` [L], ``aux``
-    [L, 3H] (the stream entering each of `layers`), ``h`` [L, H] (final post-norm), ``top`` [L] (the target's
-    argmax) and ``prompt_len``. Rows are batched by length, right-padded (causal: padding never reaches a real
-    position)."""
+    [L, 3H] (the stream entering each of `layers`), ``h`` [L, H] (final post-norm), with `top` ``top`` [L] (the
+    target's argmax over its full head: the held-out figures read it, the loss does not) and ``prompt_len``. Rows
+    are batched by length, right-padded (causal: padding never reaches a real position)."""
     out: list[dict | None] = [None] * len(rows)
     head_w = target.get_output_embeddings().weight
     for idx, ids, mask in padded_batches(rows, batch, head_w.device):
         aux, hs = target_aux_features(target, ids, mask, layers)
-        top = F.linear(hs, head_w).argmax(-1)
+        argmax = F.linear(hs, head_w).argmax(-1) if top else None
         for j, i in enumerate(idx):
             length = int(mask[j].sum())
             out[i] = {"ids": ids[j, :length].cpu(), "aux": aux[j, :length].cpu(), "h": hs[j, :length].cpu(),
-                      "top": top[j, :length].cpu(), "prompt_len": len(rows[i][0])}
+                      "prompt_len": len(rows[i][0])}
+            if top:
+                out[i]["top"] = argmax[j, :length].cpu()
     return out  # type: ignore[return-value]
 
 
@@ -78,7 +80,8 @@ def shifted3(items: list[dict]) -> Shifted3:
         s.next_ids[j, :length] = it["ids"][1:]
         s.aux[j, :length] = it["aux"][:-1]
         s.h_next[j, :length] = it["h"][1:]
-        s.top_next[j, :length] = it["top"][1:]
+        if "top" in it:  # the held-out rows' (target_aux_rows top=True); -1 elsewhere
+            s.top_next[j, :length] = it["top"][1:]
         s.valid[j, :length] = True
         s.completion[j, max(0, it["prompt_len"] - 1):length] = True
     return s

@@ -91,7 +91,7 @@ class Eagle3Objective(Objective):
         self.full_w = target.get_output_embeddings().weight.detach()
 
         self.ftrain, self.fheld = run_features(cfg, accelerator, ds,
-                                               lambda rows: target_aux_rows(target, rows, head.layers),
+                                               lambda rows, top: target_aux_rows(target, rows, head.layers, top=top),
                                                kind="eagle3", layers=list(head.layers))
         self.n_rows = len(self.ftrain)
 

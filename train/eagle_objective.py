@@ -126,7 +126,7 @@ class EagleObjective(Objective):
             self.vocab = torch.arange(width, device=accelerator.device)
         self.head_w = self.full_w[self.vocab]
 
-        self.ftrain, self.fheld = run_features(cfg, accelerator, ds, lambda rows: target_features(target, rows))
+        self.ftrain, self.fheld = run_features(cfg, accelerator, ds, lambda rows, top: target_features(target, rows, top=top))
         if accelerator.num_processes > 1 and cfg.eagle_second > 0:
             raise TrainingError("method.eagle_second > 0 runs the head's second proposal, which a multi-process run "
                                 "does not wrap: train it in one process, or set method.eagle_second=0")

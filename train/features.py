@@ -10,7 +10,9 @@ The training rows' features are computed in bf16 when the training runs in it (`
 auto where it resolves to bf16: a GPU that has it, a CPU with AMX or AVX512-BF16), else in float32 (fp16 is not
 used for the target's forward: its activations may overflow it); the held-out rows' always in float32, as the
 head is served and its held-out figures (the best step) are read. Why: the pass runs ~2x faster where bf16 is
-native, and the head is no worse for it (BENCHMARKS.md, "The preset's cheaper stages").
+native, and the head is no worse for it (BENCHMARKS.md, "The preset's cheaper stages"). Only the held-out rows carry
+the target's argmax over its full head (``top``, read by the held-out figures; the loss reads the final features):
+its product with the whole vocabulary is a fifth of a small target's forward.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Callable
 import torch
 
 FEATURES = "features.pt"
-FEATURES_FORMAT = 1  # bump when what features.pt holds changes: older files are then computed again
+FEATURES_FORMAT = 2  # bump when what features.pt holds changes: older files are then computed again (2: the
+# training rows without the target's argmax)
 
 
 def split_rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
@@ -55,12 +58,12 @@ def features_key(cfg, n_train: int, n_heldout: int, train_precision: str = "no",
             "train_precision": train_precision, **kind}
 
 
-def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], train_rows, heldout_rows, log=print,
+def load_features(out_dir: Path, key: dict, compute: Callable[..., list], train_rows, heldout_rows, log=print,
                   write: bool = True, train_precision=contextlib.nullcontext) -> tuple[list, list]:
     """The target's features of both splits: read from ``out_dir/features.pt`` when it holds these rows of this
-    target (its key equals `key`), else computed (`compute(rows)`: teacher-forced forwards; the training rows inside
-    `train_precision()`, an autocast) and, with `write` (the main process), written there atomically; a torn or
-    foreign file is computed again."""
+    target (its key equals `key`), else computed (`compute(rows, top)`: teacher-forced forwards, with the target's
+    argmax where `top`: the held-out rows; the training rows inside `train_precision()`, an autocast) and, with
+    `write` (the main process), written there atomically; a torn or foreign file is computed again."""
     path = out_dir / FEATURES
     if path.exists():
         try:
@@ -71,8 +74,8 @@ def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], tra
             return cached["train"], cached["heldout"]
     start = time.perf_counter()
     with train_precision():
-        train = compute(train_rows)
-    heldout = compute(heldout_rows)
+        train = compute(train_rows, False)
+    heldout = compute(heldout_rows, True)
     tokens = sum(len(it["ids"]) for it in train + heldout)
     log(f"train: the target's features of {len(train) + len(heldout)} rows ({tokens} tokens) in "
         f"{time.perf_counter() - start:.0f} s")
@@ -83,7 +86,7 @@ def load_features(out_dir: Path, key: dict, compute: Callable[[list], list], tra
     return train, heldout
 
 
-def run_features(cfg, accelerator, ds, compute: Callable[[list], list], **kind) -> tuple[list, list]:
+def run_features(cfg, accelerator, ds, compute: Callable[..., list], **kind) -> tuple[list, list]:
     """A train run's features (:func:`load_features` in ``cfg.out_dir``, keyed by :func:`features_key` and `kind`)
     of the datagen splits `ds`: every training row and the first ``method.eval_rows`` held-out ones, cut to
     ``method.max_len``, the training rows under the accelerator's autocast when it is bf16, the held-out ones in
