@@ -3,8 +3,8 @@ rows (decode/eagle3.py ``Eagle3Head.ttt``) and over the completion's slots only 
 train/eagle3.py ``eagle3_loss`` runs for ``method.eagle_loss_on=completion``), side by side.
 
 The head is built over a target of the given shape (default: SmolLM2-135M's: hidden 576, 9 heads / 3 KV heads,
-MLP 1536, vocab 49152, 30 layers' features; random weights) with a `--vocab`-id draft vocabulary (the preset's
-8192); a batch of `--rows` rows of random features whose prompt and completion lengths are drawn from a datagen
+MLP 1536, vocab 49152, 30 layers' features; random weights) with a `--vocab`-id draft vocabulary (default 8192,
+the preset's until 2026-12-06; 4096 since); a batch of `--rows` rows of random features whose prompt and completion lengths are drawn from a datagen
 output's rows (`--data`) or set by --prompt-len / --completion-len. Both variants start from one head and take
 the same batch; steps alternate (the order rotated per repeat), under `--precision` (bf16 autocast, as
 ``method.mixed_precision=auto`` trains on a CPU with AMX, or float32). Prints JSON: median seconds per step, the
@@ -13,7 +13,8 @@ ratio whole / window, and both losses on the first step (equal up to rounding: t
     python scripts/bench_eagle3_step.py --data runs/smollm2-135m/datagen --steps 2 --repeats 7
 
 With ``--compare-vocab N`` it compares draft vocabularies instead: the completion-window step of a head over
-``--vocab`` ids against one over N ids (``method.draft_vocab``), same batch, alternating; the JSON adds the ratio.
+``--vocab`` ids against one over N ids (``method.draft_vocab``), same batch, alternating; the JSON gives their
+ratio (``first_over_second``) in place of ``whole_over_window``.
 
     python scripts/bench_eagle3_step.py --data OUT/datagen --precision float32 --compare-vocab 4096 --repeats 9
 """

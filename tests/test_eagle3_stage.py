@@ -93,6 +93,8 @@ def test_a_crashed_eagle3_run_resumes_to_the_same_head(setup, tmp_path, monkeypa
         run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))
     monkeypatch.setattr(loop, "save_checkpoint", real_save)
     assert latest_checkpoint(cut)[1] == 20 and (cut / features.FEATURES).exists() and not (cut / "draft").exists()
+    kept = torch.load(cut / features.FEATURES, weights_only=False)  # the objective asks the argmax of held-out rows only
+    assert all("top" not in it for it in kept["train"]) and all("top" in it for it in kept["heldout"])
     computed = []
     monkeypatch.setattr(eagle3_objective, "target_aux_rows", lambda *a, **k: computed.append(1))
     metrics = run_train(train_cfg(setup, cut, steps=40, save_every=20, eval_every=20))

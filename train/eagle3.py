@@ -2,7 +2,7 @@
 
 - :func:`target_aux_rows`: one teacher-forced forward of the target per batch of rows -> per row its token ids, the
   residual stream entering the head's three layers (``aux``), its final post-norm features (``h``: what its head
-  reads, the teacher) and its argmax;
+  reads, the teacher) and, for the rows the held-out figures read, its argmax;
 - :func:`shifted3`: a batch of those rows laid out for the head (slot t: the token x_{t+1}, the features at t, the
   teacher's features and argmax at t+1);
 - :func:`eagle3_loss`: the training-time test's loss — the head unrolled ``steps`` times (EAGLE-3, arXiv
@@ -51,7 +51,7 @@ def target_aux_rows(target: torch.nn.Module, rows: list[tuple[list[int], list[in
 class Shifted3:
     """Feature rows laid out for the head, slot t of a row of length L (t < L-1): the input token x_{t+1}
     (``next_ids``), the target's features at t (``aux``), its final features at t+1 (``h_next``: the teacher) and
-    argmax at t+1 (``top_next``: its choice of x_{t+2}); ``valid`` marks real slots, ``completion`` the slots a
+    argmax at t+1 (``top_next``: its choice of x_{t+2}; -1 for rows without ``top``, the training rows); ``valid`` marks real slots, ``completion`` the slots a
     decode round's first proposal is made from (t >= P-1 for a prompt of P tokens)."""
 
     next_ids: torch.Tensor
@@ -180,6 +180,8 @@ def heldout_metrics(head: Eagle3Head, items: list[dict], emb_w: torch.Tensor, fu
     target's argmax given proposals 1..j-1 were: what greedy decoding accepts at position j) and
     ``acceptance_length`` (sum over k <= steps of P(proposals 1..k all accepted): accepted tokens per round of
     K = steps, the bonus token not counted)."""
+    if any("top" not in it for it in items):
+        raise ValueError("held-out figures need the target's argmax: compute these rows with target_aux_rows(top=True)")
     was_training = head.training
     head.eval()
     device = emb_w.device

@@ -57,6 +57,8 @@ def evaluate_head(head: EagleHead, items: list[dict], emb_w, head_w, full_w, voc
     completion slots top-1 agreement with
     the target's argmax (over its full head), expected acceptance sum min(p, q) (p: the target's full distribution,
     q: the head's on the draft vocabulary) and the second proposal's agreement where the first was right."""
+    if any("top" not in it for it in items):
+        raise ValueError("held-out figures need the target's argmax: compute these rows with target_features(top=True)")
     was_training = head.training
     head.eval()
     device = emb_w.device
@@ -126,7 +128,8 @@ class EagleObjective(Objective):
             self.vocab = torch.arange(width, device=accelerator.device)
         self.head_w = self.full_w[self.vocab]
 
-        self.ftrain, self.fheld = run_features(cfg, accelerator, ds, lambda rows, top: target_features(target, rows, top=top))
+        self.ftrain, self.fheld = run_features(cfg, accelerator, ds,
+                                               lambda rows, top: target_features(target, rows, top=top))
         if accelerator.num_processes > 1 and cfg.eagle_second > 0:
             raise TrainingError("method.eagle_second > 0 runs the head's second proposal, which a multi-process run "
                                 "does not wrap: train it in one process, or set method.eagle_second=0")
