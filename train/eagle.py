@@ -61,7 +61,8 @@ def padded_batches(rows: list[tuple[list[int], list[int]]], batch: int, device):
 class Shifted:
     """Feature rows laid out for the head, slot t of a row of length L (t < L-1): the input token x_{t+1}
     (``next_ids``), the feature h_t (``h``), the teacher's feature h_{t+1} (``h_next``) and argmax at t+1
-    (``top_next``: the target's choice of x_{t+2}; -1 for rows without ``top``, the training rows); ``valid`` marks real slots, ``completion`` the slots a decode
+    (``top_next``: the target's choice of x_{t+2}; -1 for rows without ``top``, the training
+    rows); ``valid`` marks real slots, ``completion`` the slots a decode
     round proposes at (t >= P-1 for a prompt of P tokens: x_P, the first new token, comes from the prefill)."""
 
     next_ids: torch.Tensor

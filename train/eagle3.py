@@ -51,7 +51,8 @@ def target_aux_rows(target: torch.nn.Module, rows: list[tuple[list[int], list[in
 class Shifted3:
     """Feature rows laid out for the head, slot t of a row of length L (t < L-1): the input token x_{t+1}
     (``next_ids``), the target's features at t (``aux``), its final features at t+1 (``h_next``: the teacher) and
-    argmax at t+1 (``top_next``: its choice of x_{t+2}; -1 for rows without ``top``, the training rows); ``valid`` marks real slots, ``completion`` the slots a
+    argmax at t+1 (``top_next``: its choice of x_{t+2}; -1 for rows without ``top``, the training
+    rows); ``valid`` marks real slots, ``completion`` the slots a
     decode round's first proposal is made from (t >= P-1 for a prompt of P tokens)."""
 
     next_ids: torch.Tensor
