@@ -204,28 +204,33 @@ def test_two_cpu_processes_train_one_model(pair_dirs, tmp_path):
     """torchrun with 2 CPU processes (gloo): both ranks take part, parameters stay identical, one output."""
     import dataclasses
     import os
-    import signal
     import subprocess
     import sys
+
+    import psutil
 
     config = cfg(pair_dirs, tmp_path, steps=4, batch_size=4, save_every=2, eval_every=4)
     path = tmp_path / "train.json"
     path.write_text(json.dumps(dataclasses.asdict(config)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold (a held port hangs
-    # the run)
-    # its own process group, killed whole on a timeout: subprocess.run's timeout kills torchrun only, and a hung
-    # rank can outlive it
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "-m", "draftsmith.train.trainer", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stderr[-3000:]
+    # loopback only: the rendezvous, the ranks' store and gloo never resolve this host's name (a sandbox whose name
+    # resolves nowhere would hang them)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    # --standalone: the rendezvous on a free port, not the fixed 29500 another process may hold
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as sink:
+        # the log is a file, not a pipe: torchrun starts each rank in a session of its own, so a rank that outlives
+        # torchrun would hold a pipe open and block the read forever
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr",
+                                 "127.0.0.1", "--nproc_per_node", "2", "-m", "draftsmith.train.trainer", str(path)],
+                                stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                p.kill()  # the ranks too: they are not in torchrun's process group
+            proc.wait()
+            pytest.fail(f"torchrun did not finish in 300 s; its log ends:\n{log.read_text()[-3000:]}")
+    assert proc.returncode == 0, log.read_text()[-3000:]
     out = tmp_path / "train"
     metrics = json.loads((out / "train_metrics.json").read_text())
     assert metrics["world_size"] == 2

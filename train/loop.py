@@ -316,6 +316,13 @@ def fit(cfg, accelerator, objective: Objective, inputs: dict) -> dict:
     if cfg.keep_best and best_params is not None:  # the artifact written is the best held-out step's
         load_trainable_params(accelerator.unwrap_model(model), best_params)
     metrics = _finish(cfg, accelerator, model, objective, history, elapsed, tokens * world, inputs)
+    if accelerator.num_processes > 1:
+        # the data-parallel wrapper goes before the process group: its reducer, freed last, would destroy gloo's
+        # group holding the GIL while a gloo worker releasing the last collective's tensors waits for it (a hang at
+        # the end of about one run in five on 2 CPU processes); freed here, the group goes with
+        # destroy_process_group, whose binding releases the GIL
+        del model
+        accelerator.free_memory()
     accelerator.end_training()
     return metrics
 
