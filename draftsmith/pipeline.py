@@ -346,8 +346,11 @@ class Pipeline:
         if "serve" in cfg.stages and cfg.serve.engine == "vllm":
             served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
-        # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1
-        decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(cfg.eval.baselines)).at_batch1()
+        # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1 — unless the
+        # serving A/B runs, whose cells the promotion decides on
+        serving_decides = "serve" in cfg.stages and cfg.serve.engine == "vllm"
+        decide = Contract.of(cfg.promote, production="production" in drafts,
+                             free=bool(cfg.eval.baselines)).at_batch1(decided_here=not serving_decides)
         facts = {"target": target, "drafts": drafts, "production": prod and prod["fingerprint"],
                  "decide": asdict(decide)}
         prompts, inputs = self.eval_prompts(target)

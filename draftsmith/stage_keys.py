@@ -20,6 +20,7 @@ ORDER = ("datagen", "train", "eval", "serve", "promote")  # as the pipeline runs
 
 _BARS = "the bars the added passes settle (eval/policy.py Contract)"
 _PRODUCTION = "which registry version is measured beside the candidate (its fingerprint)"
+_SERVING_DECIDES = "whether the serving A/B runs on vLLM: the promotion decides on it, and the eval adds no passes"
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ STAGE_KEYS: dict[str, StageKeys] = {
         keys=("pair.target", "pair.draft", "pair.draft_layers", "pair.dtype", "eval", "decode"),
         derived={**_MODELS, "promote.min_speedup": _BARS, "promote.champion_margin": _BARS,
                  "promote.free_margin": _BARS, "promote.name": _PRODUCTION, "promote.alias": _PRODUCTION,
-                 "registry.root": _PRODUCTION},
+                 "registry.root": _PRODUCTION, "stages": _SERVING_DECIDES, "serve.engine": _SERVING_DECIDES},
         after=("datagen", "eval_prompts", "train")),
     "serve": StageKeys(
         keys=("pair.target", "pair.draft", "pair.draft_layers", "pair.dtype", "serve"),
@@ -61,7 +62,6 @@ STAGE_KEYS: dict[str, StageKeys] = {
 }
 
 UNHASHED = {
-    "stages": "which stages run, not what they make",
     "out_dir": "where the outputs go",
     "name": "the run's name (its part in the registry is promote.name)",
     "force": "runs the stages again whatever their hash",

@@ -45,6 +45,9 @@ class Contract:
     free_margin: Optional[float] = None  # candidate - best training-free method (promote.free_margin), when any
     concurrency: Optional[int] = None  # serving: the level decided at (promote.serving_concurrency; None: lowest)
     schedule: bool = True  # serving: measure the K schedule a promotion exports (promote.k_schedule)
+    # the batch-1 eval: whether the promotion decides on its cells; False when the serving A/B on vLLM runs (the
+    # promotion decides on that), so the eval reports its verdicts and spends no passes settling them
+    decided_here: bool = True
 
     @classmethod
     def of(cls, promote, *, production: bool, free: bool) -> "Contract":
@@ -55,10 +58,11 @@ class Contract:
                    schedule=promote.k_schedule)
 
 
-    def at_batch1(self) -> "Contract":
+    def at_batch1(self, *, decided_here: bool = True) -> "Contract":
         """The contract without its serving-only parts (the level decided at, the schedule column): what the
-        batch-1 eval settles, so that a change of them re-runs serve and promote, never the eval."""
-        return Contract(at=self.at, margin=self.margin, free_margin=self.free_margin)
+        batch-1 eval settles, so that a change of them re-runs serve and promote, never the eval. `decided_here`:
+        whether the promotion decides on the batch-1 cells (not when the serving A/B runs)."""
+        return Contract(at=self.at, margin=self.margin, free_margin=self.free_margin, decided_here=decided_here)
 
 
 class View(Protocol):

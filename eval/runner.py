@@ -363,7 +363,8 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
     """Add passes to the undecided cells (:func:`undecided`) until every verdict is decided, each has
     eval.max_repeats passes, the passes left could not settle what is open (eval/policy.py to_measure), or
     eval.time_budget_s (counted from `started`) is spent; `measure(cells)` runs one pass of each of them side by
-    side (one group of :func:`same_pass`).
+    side (one group of :func:`same_pass`). None when the promotion decides on the serving A/B (the contract's
+    ``decided_here`` False): the verdicts are reported as they stand.
 
     -> metrics.json's "repeats": {"initial", "max", "time_budget_s", "rounds" (added passes), "seconds",
     "stopped": why it stopped, "undecided": the cells still undecided ("draft K=k")}.
@@ -373,6 +374,9 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
         todo = undecided(cfg, cells)
         if not todo:
             stopped = "decided" if cfg.decide and cfg.decide.at else "no verdict to settle (no decision contract)"
+            break
+        if not cfg.decide.decided_here:
+            stopped = "no passes added: the promotion decides on the serving A/B"
             break
         if all(c.repeats >= cfg.max_repeats for c in todo):
             stopped = f"eval.max_repeats={cfg.max_repeats} reached"

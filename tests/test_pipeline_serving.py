@@ -16,9 +16,24 @@ def serving_args(pair, tmp_path, *extra):  # noqa: F811
                      "serve.startup_timeout_s=60", *extra)
 
 
+def eval_contracts(monkeypatch) -> list:
+    """The decision contract of every batch-1 eval the pipeline runs (eval/runner.py run, wrapped)."""
+    from draftsmith.eval import runner
+
+    seen, run = [], runner.run
+    monkeypatch.setattr(runner, "run", lambda cfg: seen.append(cfg.decide) or run(cfg))
+    return seen
+
+
 def test_the_serve_stage_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_path, monkeypatch, capsys):  # noqa: F811
     fake = write_fake_python(tmp_path)
+    contracts = eval_contracts(monkeypatch)
     run_cli(monkeypatch, serving_args(pair, tmp_path, "serve.engine=vllm", f"serve.python={fake}"))
+    # the promotion decides on the serving A/B: the batch-1 eval adds no passes to settle its own verdicts
+    assert [c.decided_here for c in contracts] == [False]
+    repeats = json.loads((tmp_path / "run/eval/metrics.json").read_text())["repeats"]
+    assert repeats["rounds"] == 0 and repeats["stopped"] in (
+        "decided", "no passes added: the promotion decides on the serving A/B")
     serving = json.loads((tmp_path / "run/serve/serving.json").read_text())
     assert {(c["draft"], c["k"], c["concurrency"]) for c in serving["cells"]} == {
         ("base", 2, 1), ("base", 2, 2), ("ngram", 2, 1), ("ngram", 2, 2)}  # serve.baselines' default: ngram
@@ -101,8 +116,10 @@ def test_serving_drafts_and_k_choose_the_servers(pair, tmp_path, monkeypatch, ca
 def test_engine_auto_without_vllm_turns_the_ab_off_and_says_how_to_turn_it_on(pair, tmp_path, monkeypatch,  # noqa: F811
                                                                                capsys):
     missing = tmp_path / "no-such-python"
+    contracts = eval_contracts(monkeypatch)
     run_cli(monkeypatch, serving_args(pair, tmp_path, "serve.engine=auto", f"serve.python={missing}"))
     assert not (tmp_path / "run/serve").exists()
+    assert [c.decided_here for c in contracts] == [True]  # no serving A/B: the promotion decides at batch 1
     printed = capsys.readouterr().out
     assert "serving A/B on vLLM: off (" in printed
     assert f"looked at {missing} (serve.python)" in printed  # where it looked, not only "No module named 'vllm'"

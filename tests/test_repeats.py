@@ -103,6 +103,19 @@ def test_more_passes_settle_a_noisy_but_clear_gain():
     assert cells[0].record().speedup_ci95[0] >= 1.1
 
 
+def test_no_pass_is_added_where_the_promotion_decides_on_the_serving_ab():
+    """The contract's decided_here False (the pipeline with the serving A/B on vLLM): the noisy but clear gain above,
+    which passes would settle, takes none; it is reported undecided, with why no pass was added."""
+    cfg = config(max_repeats=12, decide=Contract(at=(1.0, 1.1), decided_here=False))
+    timer = Timer({("trained", 2): 1.35}, noise=0.5, seed=3)
+    cells = cells_after_first_pass(cfg, timer)
+    assert undecided(cfg, cells, worth=True)  # passes could settle it
+    stop = more_repeats(cfg, cells, timer, started=0.0, clock=lambda: 1.0)
+    assert cells[0].repeats == 1 and stop["rounds"] == 0 and timer.calls == [("trained", 2)]
+    assert stop["stopped"] == "no passes added: the promotion decides on the serving A/B"
+    assert stop["undecided"] == ["trained K=2"]
+
+
 def test_the_time_budget_stops_the_passes():
     cfg = config(max_repeats=50, time_budget_s=10.0)
     timer = Timer({("trained", 2): SPREAD}, noise=0.02)

@@ -66,6 +66,7 @@ def test_training_lowers_the_loss_and_raises_agreement(pair_dirs, tmp_path, loss
     AutoModelForCausalLM.from_pretrained(out / "draft")  # loadable
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["loss"] == loss and manifest["stage"] == "train"
+    assert metrics["mixed_precision"] == "no"  # what auto resolved to: float32 for a draft model on a CPU
 
 
 def test_baseline_agreement_starts_low(pair_dirs, tmp_path):

@@ -342,6 +342,7 @@ def _finish(cfg, accelerator, model, objective: Objective, history: dict, elapse
                "draft_step": written or (history["train"][-1]["step"] if history["train"] else 0),
                "best": history["best"], "stopped_at": history["stopped_at"],
                "train_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "world_size": accelerator.num_processes,
+               "mixed_precision": accelerator.mixed_precision,  # what auto resolved to on this machine
                "rank_param_checksums": rank_checksums, **objective.record(history)}
     if accelerator.is_main_process:
         objective.save(bare, out_dir, metrics["draft_step"])
