@@ -347,12 +347,11 @@ class Pipeline:
             served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
         # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1 — unless the
-        # serving A/B runs, whose cells the promotion decides on
-        serving_decides = "serve" in cfg.stages and cfg.serve.engine == "vllm"
+        # promotion will decide on the serving A/B's cells
         decide = Contract.of(cfg.promote, production="production" in drafts,
-                             free=bool(cfg.eval.baselines)).at_batch1(decided_here=not serving_decides)
+                             free=bool(cfg.eval.baselines)).at_batch1(decided_here=not self.serving_decides(drafts))
         facts = {"target": target, "drafts": drafts, "production": prod and prod["fingerprint"],
-                 "decide": asdict(decide)}
+                 "decide": decide.facts()}
         prompts, inputs = self.eval_prompts(target)
         if "trained" in drafts:
             inputs["train"] = self._upstream("train", self.out / "train")
@@ -365,6 +364,16 @@ class Pipeline:
             log_eval(run, read_metrics(out))  # what was written, through the one reader
 
         self._stage("eval", out, facts, body, inputs=inputs)
+
+    def serving_decides(self, drafts: dict[str, str]) -> bool:
+        """Whether the promotion will decide on the serving A/B this run makes: it runs on vLLM and serves the
+        candidate under its name (promote.py reads the candidate's cells; against the user's servers, serve.url, one
+        draft only: more are labelled "served")."""
+        serving = self.cfg.serve
+        if "serve" not in self.cfg.stages or serving.engine != "vllm":
+            return False
+        served = served_drafts(serving, drafts)
+        return candidate_name(drafts) in served and (serving.url is None or len(served) == 1)
 
     def serve(self) -> None:
         """The serving A/B on vLLM (eval/serving.py) into ``DIR/serve/`` (serving.json, report.md, plots, the
@@ -387,7 +396,7 @@ class Pipeline:
         # the verdicts the A/B adds passes to settle at the serving concurrency (as the eval does at batch 1)
         decide = Contract.of(cfg.promote, production="production" in drafts, free=bool(serving.baselines))
         facts = {"target": target, "drafts": drafts, "k": k,
-                 "production": prod and "production" in drafts and prod["fingerprint"], "decide": asdict(decide)}
+                 "production": prod and "production" in drafts and prod["fingerprint"], "decide": decide.facts()}
 
         def body(run):
             ids = (heldout_prompts(prompts["data_dir"], serving.max_prompts) if "data_dir" in prompts

@@ -54,7 +54,7 @@ from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, is_free, target_mismatch
 from draftsmith.eval.gates import PROMOTED, REFUSED, decide
-from draftsmith.eval.policy import Roles
+from draftsmith.eval.policy import DECIDED_ON_SERVING, Roles
 from draftsmith.eval.intervals import difference_ci, units_from_passes
 from draftsmith.artifacts.formats import ArtifactError, EvalMetrics, ServingTable, read_metrics, read_serving
 from draftsmith.artifacts.hashing import where_settings
@@ -118,6 +118,11 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
                 else _eval_free(metrics, name, candidate))
         record = _decide(candidate, gates, champion, label, difference, free)
         record.update(base, compared_with=compared)
+        if not info and (metrics.repeats or {}).get("stopped") == DECIDED_ON_SERVING:
+            record["reasons"].append(
+                f"note: decided on the batch-1 eval, which added no passes to settle it: it ran to be decided on a "
+                f"serving A/B that has no cells of {name!r} here; run stages=[eval,promote] without serve for its "
+                "own passes, or serve the candidate")
         if production is not None:
             record["champion_version"] = production["version"]
             record["decision_retaken"] = not _is_measured(production, seen)

@@ -27,12 +27,14 @@ tests drive it with hand-made views.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional, Protocol
 
 from draftsmith.eval.intervals import BELOW, STRADDLES, UNKNOWN, verdict
 
 Cell = tuple[str, int]  # (proposer name, K)
+# why the batch-1 eval added no passes where its contract's decided_here is False (metrics.json "repeats")
+DECIDED_ON_SERVING = "no passes added: the promotion decides on the serving A/B"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,14 @@ class Contract:
                    free_margin=promote.free_margin if free else None, concurrency=promote.serving_concurrency,
                    schedule=promote.k_schedule)
 
+
+    def facts(self) -> dict:
+        """What a stage's hash covers of the contract: its fields, ``decided_here`` only when False (the batch-1
+        eval's alone; the serve stage and an eval that settles its own verdicts hash as before the field)."""
+        out = asdict(self)
+        if self.decided_here:
+            del out["decided_here"]
+        return out
 
     def at_batch1(self, *, decided_here: bool = True) -> "Contract":
         """The contract without its serving-only parts (the level decided at, the schedule column): what the

@@ -7,8 +7,9 @@ pass, so one plain run serves every draft and K; cost ratios measured once per c
 interval is a paired bootstrap over prompts and passes (eval/intervals.py). When a verdict is
 undecided — eval/policy.py: the interval of a K that could be chosen straddles a promote gate's bar, or the
 candidate's difference with production or with the best training-free method straddles its margin — passes are
-added to those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_repeats`). Greedy
-cells also check speculative == plain output on every run (greedy_match) and time HF assisted
+added to those cells, up to ``eval.max_repeats`` or ``eval.time_budget_s`` (:func:`more_repeats`), unless the
+promotion decides on the serving A/B (the contract's ``decided_here``): the verdicts are then reported as they
+stand. Greedy cells also check speculative == plain output on every run (greedy_match) and time HF assisted
 generation as a second engine (speed only, outputs compared).
 
 A draft directory holding an EAGLE head (decode/eagle.py ``is_eagle_dir``: what ``method.finetune=eagle`` trains)
@@ -48,7 +49,7 @@ from draftsmith.eval.order import interleaved
 from draftsmith.decode.vocab import VOCAB_FILE, datagen_vocab, save_vocab
 from draftsmith.eval.settings import DecodeSettings, EvalSettings, with_training_free
 from draftsmith.eval.intervals import Units, choose_k, difference_ci, narrowing, units_from_passes
-from draftsmith.eval.policy import Contract, Roles, beyond_reach, to_measure, unsettled
+from draftsmith.eval.policy import DECIDED_ON_SERVING, Contract, Roles, beyond_reach, to_measure, unsettled
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 
 HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
@@ -74,7 +75,7 @@ class EvalConfig(EvalSettings, DecodeSettings):
     dtype: str = "float32"
     device: str = "cpu"
     decide: Optional[Contract] = None  # the verdicts to settle with added passes (eval/policy.py; the pipeline's
-    # from promote.*); None: none, eval.repeats passes only
+    # from promote.*); None, or its decided_here False (the promotion decides on the serving A/B): eval.repeats passes
 
     def __post_init__(self):
         EvalSettings.__post_init__(self)
@@ -376,7 +377,7 @@ def more_repeats(cfg: EvalConfig, cells: list[Cell], measure, started: float, cl
             stopped = "decided" if cfg.decide and cfg.decide.at else "no verdict to settle (no decision contract)"
             break
         if not cfg.decide.decided_here:
-            stopped = "no passes added: the promotion decides on the serving A/B"
+            stopped = DECIDED_ON_SERVING
             break
         if all(c.repeats >= cfg.max_repeats for c in todo):
             stopped = f"eval.max_repeats={cfg.max_repeats} reached"

@@ -46,7 +46,8 @@ class EvalSettings:
     max_prompts: int = 16  # held-out prompts; the batch-1 interval is mostly their spread (8 leave it too wide)
     warmup: int = 1
     repeats: int = 2  # passes over the prompts per cell, plain and speculative side by side (the interval's repeats)
-    max_repeats: int = 6  # passes a cell may reach when its verdict is undecided (its interval straddles a gate)
+    max_repeats: int = 6  # passes a cell may reach when its verdict is undecided (its interval straddles a gate) and
+    # the promotion decides on this eval (not when it decides on the serving A/B)
     time_budget_s: float = 0.0  # seconds the eval may spend before it stops adding passes (0 = no limit)
     hf_ab: bool = False  # also time HF assisted generation beside draftsmith's loop (greedy cells)
     cost_repeats: int = 5

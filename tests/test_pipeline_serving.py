@@ -50,6 +50,24 @@ def test_the_serve_stage_runs_the_serving_ab_and_the_table_shows_it(pair, tmp_pa
     assert summary["serving"]["path"].endswith("serve/serving.json") and summary["stages"]["serve"] == "ran"
 
 
+@pytest.mark.parametrize("stages, engine, url, served, decides", [
+    (["eval", "serve", "promote"], "vllm", None, ["candidate"], True),
+    (["eval", "promote"], "vllm", None, ["candidate"], False),  # no serving A/B in this run
+    (["eval", "serve", "promote"], "none", None, ["candidate"], False),
+    (["eval", "serve", "promote"], "vllm", None, ["base"], False),  # the candidate (trained) not served
+    (["eval", "serve", "promote"], "vllm", "http://h:1", ["trained"], True),  # the user's server, one draft
+    (["eval", "serve", "promote"], "vllm", "http://h:1", [], False),  # two drafts there: cells named "served"
+])
+def test_the_promotion_decides_on_the_serving_ab_only_where_it_has_the_candidates_cells(tmp_path, stages, engine,
+                                                                                        url, served, decides):
+    from draftsmith.config import DraftsmithConfig
+    from draftsmith.pipeline import Pipeline
+
+    cfg = DraftsmithConfig()
+    cfg.stages, cfg.serve.engine, cfg.serve.url, cfg.serve.drafts = stages, engine, url, served
+    assert Pipeline(cfg, tmp_path).serving_decides({"trained": "t", "base": "b"}) is decides
+
+
 def test_changing_where_or_how_much_vllm_serves_reruns_serve_never_the_batch_1_eval(pair, tmp_path, monkeypatch,  # noqa: F811
                                                                                   capsys):
     fake = write_fake_python(tmp_path)

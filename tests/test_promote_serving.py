@@ -197,6 +197,21 @@ def test_without_serving_cells_of_the_candidate_promotion_is_unchanged(job, serv
     assert not (path / "serving.json").exists() and "k_by_concurrency" not in job["reg"].resolve("demo", 1)
 
 
+def test_a_batch_1_eval_that_left_its_verdict_to_the_serving_ab_says_so_when_decided_on(job):
+    """An eval run beside a serving A/B adds no passes (its contract's decided_here False); a promotion that finds no
+    serving cells of the candidate and decides on that eval anyway says so, and how to settle it."""
+    (job["out"] / "serve" / "serving.json").unlink()
+    path = job["out"] / "eval" / "metrics.json"
+    doc = json.loads(path.read_text())
+    doc["repeats"] = {"initial": 2, "max": 6, "time_budget_s": 0.0, "rounds": 0, "seconds": 1.0,
+                      "stopped": "no passes added: the promotion decides on the serving A/B", "undecided": []}
+    path.write_text(json.dumps(doc))
+    record = promote(at(16), job["out"], job["reg"])
+    assert record["basis"] == "batch-1"
+    notes = [r for r in record["reasons"] if r.startswith("note: decided on the batch-1 eval, which added no passes")]
+    assert len(notes) == 1 and "stages=[eval,promote] without serve" in notes[0]
+
+
 # (e) -------------------------------------------------------------------------------------------
 def candidate_with_production(job, i: int, batch1: float, at4: float, production_at4: float | None,
                               **settings) -> Path:
