@@ -343,13 +343,13 @@ class Pipeline:
         target, _ = self.pair()
         prod = self.production()
         drafts = self.eval_drafts(prod)
-        if "serve" in cfg.stages and cfg.serve.engine == "vllm":
-            served_drafts(cfg.serve, drafts)  # a serve.drafts list that names none fails before any work
+        # (a serve.drafts list that names none of the drafts fails here, before any work)
+        decided_here = not self.serving_decides(drafts)
         prod = prod if "production" in drafts else None  # a new champion means a new comparison
         # the verdicts the eval adds passes to settle (eval/policy.py): the promote gates, at batch 1 — unless the
         # promotion will decide on the serving A/B's cells
         decide = Contract.of(cfg.promote, production="production" in drafts,
-                             free=bool(cfg.eval.baselines)).at_batch1(decided_here=not self.serving_decides(drafts))
+                             free=bool(cfg.eval.baselines)).at_batch1(decided_here=decided_here)
         facts = {"target": target, "drafts": drafts, "production": prod and prod["fingerprint"],
                  "decide": decide.facts()}
         prompts, inputs = self.eval_prompts(target)
@@ -368,7 +368,8 @@ class Pipeline:
     def serving_decides(self, drafts: dict[str, str]) -> bool:
         """Whether the promotion will decide on the serving A/B this run makes: it runs on vLLM and serves the
         candidate under its name (promote.py reads the candidate's cells; against the user's servers, serve.url, one
-        draft only: more are labelled "served")."""
+        draft only: more are labelled "served"). A serve.drafts list that names none of `drafts` raises ConfigError
+        (:func:`served_drafts`)."""
         serving = self.cfg.serve
         if "serve" not in self.cfg.stages or serving.engine != "vllm":
             return False
