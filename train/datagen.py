@@ -276,7 +276,12 @@ def complete_splits(cfg: DatagenConfig, tokenizer, prepared: PreparedPrompts) ->
     to_generate = {n: [getattr(prepared, n)[i] for i in new_at[n]] for n in names}
     to_score = {n: ([getattr(prepared, n)[i] for i in given_at[n]], [prepared.responses[n][i] for i in given_at[n]])
                 for n in names}
-    if cfg.engine == "vllm":
+    engine = cfg.engine
+    if engine == "auto":  # the Python API's (the pipeline resolves it before the stage's hash: draftsmith/preflight.py)
+        from draftsmith.train.datagen_vllm import resolve_engine
+
+        engine = resolve_engine(cfg)[0]
+    if engine == "vllm":
         made = complete_vllm(cfg, tokenizer, to_generate, to_score)
         made.splits = {n: merge_rows(made.splits[n], new_at[n], made.scored[n], given_at[n]) for n in names}
         return made

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,22 @@ def score_all(url: str, model: str, rows: list[dict], cfg, desc: str) -> list[di
 
 
 # -- the engine -------------------------------------------------------------------------------------
+def resolve_engine(settings) -> tuple[str, str]:
+    """(engine, why) of datagen settings whose ``data.engine`` may be ``auto``: vllm where ``data.vllm.url`` names a
+    server or ``data.vllm.python`` imports vLLM (probed in a subprocess), else hf; an explicit engine as it is."""
+    if settings.engine != "auto":
+        return settings.engine, f"data.engine={settings.engine}"
+    if settings.vllm.url:
+        return "vllm", f"data.engine=auto: data.vllm.url={settings.vllm.url}"
+    from draftsmith.serve.server import probe_vllm, vllm_python_choice
+
+    python, where = vllm_python_choice(settings.vllm.python, key="data.vllm.python")
+    found = probe_vllm(settings.vllm.python)
+    if found["ok"]:
+        return "vllm", f"data.engine=auto: vLLM {found.get('version')} ({found.get('device')}) at {python} ({where})"
+    return "hf", f"data.engine=auto: no vLLM at {python} ({where}: {found['reason']}); transformers here"
+
+
 def server_args(cfg) -> list[str]:
     """The api_server arguments datagen adds (the raw log-probs and their cap); the spec puts the parallelism before
     them and data.vllm.extra_args after them."""
@@ -235,8 +252,29 @@ def server_args(cfg) -> list[str]:
 
 
 def server_spec(cfg, device: str) -> ServerSpec:
-    """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`."""
-    return cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=server_args(cfg))
+    """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`; on the CPU, with
+    :func:`cpu_threads_env`."""
+    spec = cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=server_args(cfg))
+    if device == "cpu":
+        spec.env.update(cpu_threads_env())
+    return spec
+
+
+def cpu_threads_env(environ=None) -> dict[str, str]:
+    """The CPU server's OpenMP binding for datagen: every CPU this process may run on, none reserved.
+
+    vLLM's CPU default (``VLLM_CPU_OMP_THREADS_BIND=auto``) reserves one CPU for its front end and binds the
+    model's threads to the rest — on a 2-core machine one thread. That suits a server beside other work (the
+    serving A/B keeps it: it measures vLLM as a team would run it); datagen's server runs alone, with its requests
+    batched, and on 2 cores it wrote the same completions 1.88x faster bound to both (BENCHMARKS.md, "datagen on
+    vLLM with both cores"). A binding the user sets in the environment (either variable) is left as it is."""
+    environ = os.environ if environ is None else environ
+    if "VLLM_CPU_OMP_THREADS_BIND" in environ or "VLLM_CPU_NUM_OF_RESERVED_CPU" in environ:
+        return {}
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not cpus:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from draftsmith.serve.settings import ServerSettings
 from draftsmith.train.prompts import PromptFormat, PromptSource
 
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "auto")
 RESPONSES = ("generate", "given", "auto")
 
 
@@ -55,7 +55,8 @@ class DatagenSettings(PromptFormat):
     top_k_logprobs: int = 32  # > 0 keeps the target's top-k log-probs (needed by method.teacher=cached)
     batch_size: int = 32  # hf: prompts per generate batch; vllm: requests in flight (>= the server's --max-num-seqs)
     seed: int = 0
-    engine: str = "hf"  # hf (transformers generate, here) | vllm (vLLM's server: data.vllm.*)
+    engine: str = "hf"  # hf (transformers generate, here) | vllm (vLLM's server: data.vllm.*) | auto (vllm where
+    # data.vllm.url is set or data.vllm.python imports vLLM, else hf; the pipeline resolves it before hashing)
     # where completions come from: generate (the target writes them) | given (a record's own response, which the
     # target scores: top-k log-probs from one forward; data.engine=hf) | auto (given where a record carries one,
     # else generated). Which records carry one: train/prompts.py
