@@ -1,8 +1,9 @@
 """``data.prompts=stdlib-chat``: chat prompts written from the standard library's own documentation.
 
 A real instruction-tuned target needs instructions, and a prompt set that is on every machine
-without a download: questions about the standard library's modules and functions, written from
-their docstrings (read with :mod:`ast`, nothing is imported). Each record is
+without a download: questions about the standard library's modules and functions, then (past the 1,516 of
+those) its classes and their methods, written from their docstrings (read with :mod:`ast`, nothing is
+imported). Each record is
 ``{"messages": [{"role": "user", "content": ...}]}``, so the target's own chat template renders
 it (``data.messages_field``, the default ``messages``). The set is deterministic for a seed;
 held-out prompts are chosen by text hash as for any prompt file.
@@ -39,6 +40,12 @@ FUNCTION_TEMPLATES = (
     "Show a short example of calling `{name}{signature}` and say what it returns. Docstring:\n\n{doc}",
     "When would I use `{name}` in Python? Here is its documentation:\n\n{doc}",
 )
+CLASS_TEMPLATES = (
+    "What is the Python class `{name}` for? Its docstring says:\n\n{doc}\n\nExplain it in a few sentences.",
+    "Show a short example of using `{name}` and say what it is for. Docstring:\n\n{doc}",
+)
+TEMPLATES = {"module": MODULE_TEMPLATES, "function": FUNCTION_TEMPLATES, "class": CLASS_TEMPLATES,
+             "method": FUNCTION_TEMPLATES}
 
 
 def _first_paragraph(doc: str, limit: int = 400) -> str:
@@ -53,8 +60,9 @@ def _signature(node: ast.FunctionDef) -> str:
         return "(...)"
 
 
-def documented_items(files: list[Path], root: Path) -> list[tuple[str, str, str, str]]:
-    """(kind, dotted name, signature, first docstring paragraph) of each documented module and public function."""
+def documented_items(files: list[Path], root: Path, classes: bool = False) -> list[tuple[str, str, str, str]]:
+    """(kind, dotted name, signature, first docstring paragraph) of each documented module and public function;
+    with `classes`, of each documented public class and public method instead."""
     items = []
     for path in files:
         module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
@@ -63,6 +71,9 @@ def documented_items(files: list[Path], root: Path) -> list[tuple[str, str, str,
         try:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except (SyntaxError, ValueError):
+            continue
+        if classes:
+            items += _class_items(tree, module)
             continue
         doc = ast.get_docstring(tree)
         if doc and len(doc) > 40:
@@ -75,19 +86,42 @@ def documented_items(files: list[Path], root: Path) -> list[tuple[str, str, str,
     return items
 
 
+def _class_items(tree: ast.Module, module: str) -> list[tuple[str, str, str, str]]:
+    """:func:`documented_items`' classes and methods of one module."""
+    items = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        if doc and len(doc) > 40:
+            items.append(("class", f"{module}.{node.name}", "", _first_paragraph(doc)))
+        for member in node.body:
+            if isinstance(member, ast.FunctionDef) and not member.name.startswith("_"):
+                doc = ast.get_docstring(member)
+                if doc and len(doc) > 40:
+                    items.append(("method", f"{module}.{node.name}.{member.name}", _signature(member),
+                                  _first_paragraph(doc)))
+    return items
+
+
 def stdlib_chat_records(n: int, seed: int = 0) -> list[dict]:
-    """`n` chat prompt records about the standard library (fewer only if it documents fewer items)."""
+    """`n` chat prompt records about the standard library (fewer only if it documents fewer items): its modules and
+    module-level functions first (1,516 on CPython 3.11), shuffled, then its public classes and their methods
+    (3,456 more), shuffled apart — so the first records are the same whatever `n`, and a larger `n` only adds."""
     from draftsmith.demo import stdlib_files
 
     root = Path(sysconfig.get_paths()["stdlib"])
-    items = documented_items(stdlib_files(), root)
+    files = stdlib_files()
     rng = random.Random(seed)
-    rng.shuffle(items)
-    records = []
-    for kind, name, signature, doc in items[:n]:
-        templates = MODULE_TEMPLATES if kind == "module" else FUNCTION_TEMPLATES
-        text = rng.choice(templates).format(name=name, signature=signature, doc=doc)
-        records.append({"messages": [{"role": "user", "content": text}]})
+    records: list[dict] = []
+    for classes in (False, True):
+        if len(records) >= n:
+            break
+        items = documented_items(files, root, classes=classes)
+        rng.shuffle(items)
+        for kind, name, signature, doc in items[: n - len(records)]:
+            text = rng.choice(TEMPLATES[kind]).format(name=name, signature=signature, doc=doc)
+            records.append({"messages": [{"role": "user", "content": text}]})
     return records
 
 

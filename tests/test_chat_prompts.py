@@ -2,7 +2,8 @@
 
 import json
 
-from draftsmith.chat_prompts import FUNCTION_TEMPLATES, MODULE_TEMPLATES, stdlib_chat_records, write_stdlib_chat_prompts
+from draftsmith.chat_prompts import (CLASS_TEMPLATES, FUNCTION_TEMPLATES, MODULE_TEMPLATES, stdlib_chat_records,
+                                     write_stdlib_chat_prompts)
 
 
 def test_records_are_chat_messages_about_public_stdlib_items(tmp_path):
@@ -17,6 +18,21 @@ def test_records_are_chat_messages_about_public_stdlib_items(tmp_path):
         assert not any(part.startswith("_") for part in name.split(".")), name  # private modules are left out
     assert stdlib_chat_records(50, seed=3) == records[:50]  # deterministic for a seed
     assert stdlib_chat_records(50, seed=4) != records[:50]
+
+
+def test_past_the_modules_and_functions_come_classes_and_methods_and_the_first_records_stay():
+    """More records than the modules and functions hold add questions about public classes and their methods,
+    after them: a larger data.demo_prompts only adds records (the preset's first 1,280 are those of before)."""
+    heads = lambda templates: tuple(t.split("`")[0] for t in templates)  # noqa: E731
+    records = stdlib_chat_records(1700, seed=0)
+    texts = [r["messages"][0]["content"] for r in records]
+    assert len(set(texts)) == 1700 and stdlib_chat_records(1280, seed=0) == records[:1280]
+    first = [t for t in texts if t.startswith(heads(MODULE_TEMPLATES))]
+    classes = [t for t in texts if t.startswith(heads(CLASS_TEMPLATES))]
+    assert first and classes and max(texts.index(t) for t in first) < min(texts.index(t) for t in classes)
+    methods = [t.split("`")[1].split("(")[0] for t in texts[-150:] if t.startswith(heads(FUNCTION_TEMPLATES))]
+    assert methods and all(n.count(".") >= 2 for n in methods), methods[:5]  # module.Class.method
+    assert all(not any(p.startswith("_") for p in n.split(".")) for n in methods)  # public classes and methods
 
 
 def test_written_file_is_read_with_the_chat_template(tmp_path, tokenizer):

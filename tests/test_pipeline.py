@@ -275,8 +275,8 @@ def test_smollm2_preset_composes_to_a_valid_config():
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [2]  # batch 1 measures K=1 beside K=2; vLLM serves K=2
     assert (cfg.serve.max_repeats, cfg.serve.decision_servers) == (7, 2)  # up to two more lives when undecided
-    # chat the target answers (1,280 prompts), no scored passages: measured better on the eval's prompts
-    assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 1280, 0)
+    # chat the target answers (2,560 prompts), no scored passages: measured better on the eval's prompts
+    assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 2560, 0)
     assert not cfg.method.reduced_head and cfg.method.keep_best and cfg.method.patience == 3
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 
