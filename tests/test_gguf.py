@@ -448,6 +448,9 @@ def test_the_smollm2_preset_runs_its_first_stages_on_a_tiny_stand_in(tmp_path, b
     target = write_llama_gguf(make_llama(len(bpe), seed=4, layers=4), bpe, tmp_path / "model" / "stand-in.gguf")
     run_cli(monkeypatch, ["experiment=smollm2-135m", f"pair.target={target}", "stages=[datagen,train,eval]",
                           f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+                          # transformers' datagen: the preset's data.engine=auto would take vLLM where it is
+                          # installed, whose CPU attention refuses the stand-in's head_dim of 8
+                          "data.engine=hf",
                           "data.demo_prompts=24", "data.demo_scored=24", "data.max_new_tokens=6",
                           "data.heldout_fraction=0.2", "data.top_k_logprobs=8", "method.steps=4", "method.eval_every=2",
                           "method.batch_size=4", "method.draft_vocab=64", "method.eagle_layers=[0,1,3]",
