@@ -154,6 +154,11 @@ def test_the_cpu_server_binds_every_cpu_unless_the_user_set_a_binding(monkeypatc
     assert cpu_threads_env({}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1,3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     assert cpu_threads_env({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == {}
     assert cpu_threads_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}) == {}
+    assert cpu_threads_env({}, ranks=2) == {}  # vLLM wants one CPU list per rank: its own binding
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert cpu_threads_env({}) == {}  # a larger host keeps vLLM's binding (measured on 2 cores only)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 0, 1})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_spec(settings(vllm={"tensor_parallel_size": 2}), "cpu").env
     for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
         monkeypatch.delenv(var, raising=False)
     cpu = server_spec(settings(), "cpu")

@@ -251,28 +251,34 @@ def server_args(cfg) -> list[str]:
     return args
 
 
+SMALL_HOST_CPUS = 4  # cpu_threads_env binds every CPU up to this many
+
+
 def server_spec(cfg, device: str) -> ServerSpec:
     """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`; on the CPU, with
     :func:`cpu_threads_env`."""
     spec = cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=server_args(cfg))
     if device == "cpu":
-        spec.env.update(cpu_threads_env())
+        spec.env.update(cpu_threads_env(ranks=cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size))
     return spec
 
 
-def cpu_threads_env(environ=None) -> dict[str, str]:
-    """The CPU server's OpenMP binding for datagen: every CPU this process may run on, none reserved.
+def cpu_threads_env(environ=None, ranks: int = 1) -> dict[str, str]:
+    """The CPU server's OpenMP binding for datagen on a small host: every CPU this process may run on, none reserved.
 
     vLLM's CPU default (``VLLM_CPU_OMP_THREADS_BIND=auto``) reserves one CPU for its front end and binds the
     model's threads to the rest — on a 2-core machine one thread. That suits a server beside other work (the
     serving A/B keeps it: it measures vLLM as a team would run it); datagen's server runs alone, with its requests
     batched: on 2 cores it wrote SmolLM2's completions 1.95x as fast as transformers' generate bound to both, 1.15x
-    with vLLM's default binding, the same completions (BENCHMARKS.md, "datagen on vLLM with both cores"). A binding the user sets in the environment (either variable) is left as it is."""
+    with vLLM's default binding, the same completions (BENCHMARKS.md, "datagen on vLLM with both cores").
+    Measured on 2 cores only, so applied up to :data:`SMALL_HOST_CPUS` CPUs and one rank (`ranks`: tensor x data
+    parallel; vLLM wants one CPU list per rank); on a larger host vLLM's own binding (a physical core per thread, a
+    NUMA node per rank, one CPU reserved of many) is left as it is, and so is a binding set in the environment."""
     environ = os.environ if environ is None else environ
-    if "VLLM_CPU_OMP_THREADS_BIND" in environ or "VLLM_CPU_NUM_OF_RESERVED_CPU" in environ:
+    if "VLLM_CPU_OMP_THREADS_BIND" in environ or "VLLM_CPU_NUM_OF_RESERVED_CPU" in environ or ranks > 1:
         return {}
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not cpus:
+    if not cpus or len(cpus) > SMALL_HOST_CPUS:
         return {}
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
