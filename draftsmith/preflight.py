@@ -141,6 +141,8 @@ def check_datagen_engine(data, log=print) -> None:
 
         data.engine, why = resolve_engine(data)
         log(f"draftsmith: datagen: {why} -> data.engine={data.engine}")
+        if data.engine == "vllm" and data.vllm.url is None:
+            return  # resolve_engine's probe found vLLM importable: no second probe
     if data.engine != "vllm":
         return
     from draftsmith.serve.client import http_get

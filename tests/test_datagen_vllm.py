@@ -347,19 +347,23 @@ def test_run_on_a_server_elsewhere_writes_the_same_dataset_schema(tmp_path, toke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["datagen", "p.jsonl", "target"]
 
 
-def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys):
-    from draftsmith import cli
-
+def datagen_args(tmp_path, prompts: int) -> list[str]:
+    """The CLI arguments of a datagen-only run on a tiny saved pair with `prompts` prompts."""
     root = tmp_path / "pair"
     target = make_model("llama", seed=0)
     for name in ("target", "base"):
         target.save_pretrained(root / name)
         make_tokenizer().save_pretrained(root / name)
-    (root / "p.jsonl").write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    (root / "p.jsonl").write_text("".join(json.dumps({"prompt": f"w{i + 1} w{i + 2}"}) + "\n" for i in range(prompts)))
+    return [f"pair.target={root / 'target'}", f"pair.draft={root / 'base'}", f"data.prompts={root / 'p.jsonl'}",
+            f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", "stages=[datagen]"]
+
+
+def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys):
+    from draftsmith import cli
+
+    args = datagen_args(tmp_path, 1) + ["data.engine=vllm", f"data.vllm.python={sys.executable}"]
     capsys.readouterr()
-    args = [f"pair.target={root / 'target'}", f"pair.draft={root / 'base'}", f"data.prompts={root / 'p.jsonl'}",
-            f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", "stages=[datagen]",
-            "data.engine=vllm", f"data.vllm.python={sys.executable}"]
     for extra, message in (([], "data.engine=vllm but vLLM is not importable by"),
                            (["data.vllm.url=http://127.0.0.1:9"], "data.vllm.url=http://127.0.0.1:9: nothing")):
         monkeypatch.setattr(sys, "argv", ["draftsmith", *args, *extra])
@@ -373,15 +377,8 @@ def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys)
 def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeypatch, capsys):
     from draftsmith import cli
 
-    root = tmp_path / "pair"
-    target = make_model("llama", seed=0)
-    for name in ("target", "base"):
-        target.save_pretrained(root / name)
-        make_tokenizer().save_pretrained(root / name)
-    (root / "p.jsonl").write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) + "\n" for i in range(12)))
-    args = [f"pair.target={root / 'target'}", f"pair.draft={root / 'base'}", f"data.prompts={root / 'p.jsonl'}",
-            f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", "stages=[datagen]",
-            "data.max_new_tokens=3", "data.engine=auto", f"data.vllm.python={sys.executable}"]  # no vLLM here
+    args = datagen_args(tmp_path, 12) + ["data.max_new_tokens=3", "data.engine=auto",
+                                         f"data.vllm.python={sys.executable}"]  # no vLLM here
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["draftsmith", *args])
     cli.main()
@@ -393,3 +390,15 @@ def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeyp
     assert load_output(tmp_path / "run" / "datagen")[1]["engine"]["name"] == "hf"
     cli.main()  # the same config again: auto resolves the same way, so the same hash
     assert "datagen: up to date" in capsys.readouterr().out
+
+
+def test_preflight_probes_vllm_once_when_auto_finds_it(monkeypatch):
+    import draftsmith.serve.server as server
+    from draftsmith.preflight import check_datagen_engine
+
+    probes, said = [], []
+    monkeypatch.setattr(server, "probe_vllm", lambda python=None, **kw: probes.append(python) or
+                        {"ok": True, "version": "0.32.0", "device": "cpu", "reason": None})
+    data = DatagenSettings(engine="auto")
+    check_datagen_engine(data, said.append)
+    assert data.engine == "vllm" and len(probes) == 1 and said[0].endswith("-> data.engine=vllm")
