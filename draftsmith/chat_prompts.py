@@ -60,6 +60,12 @@ def _signature(node: ast.FunctionDef) -> str:
         return "(...)"
 
 
+def _documented(node) -> str | None:
+    """The first paragraph of `node`'s docstring when it says something (over 40 characters), else None."""
+    doc = ast.get_docstring(node)
+    return _first_paragraph(doc) if doc and len(doc) > 40 else None
+
+
 def documented_items(files: list[Path], root: Path, classes: bool = False) -> list[tuple[str, str, str, str]]:
     """(kind, dotted name, signature, first docstring paragraph) of each documented module and public function;
     with `classes`, of each documented public class and public method instead."""
@@ -75,14 +81,11 @@ def documented_items(files: list[Path], root: Path, classes: bool = False) -> li
         if classes:
             items += _class_items(tree, module)
             continue
-        doc = ast.get_docstring(tree)
-        if doc and len(doc) > 40:
-            items.append(("module", module, "", _first_paragraph(doc)))
+        if (doc := _documented(tree)) is not None:
+            items.append(("module", module, "", doc))
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 40:
-                    items.append(("function", f"{module}.{node.name}", _signature(node), _first_paragraph(doc)))
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and (doc := _documented(node)):
+                items.append(("function", f"{module}.{node.name}", _signature(node), doc))
     return items
 
 
@@ -92,15 +95,11 @@ def _class_items(tree: ast.Module, module: str) -> list[tuple[str, str, str, str
     for node in tree.body:
         if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
             continue
-        doc = ast.get_docstring(node)
-        if doc and len(doc) > 40:
-            items.append(("class", f"{module}.{node.name}", "", _first_paragraph(doc)))
+        if (doc := _documented(node)) is not None:
+            items.append(("class", f"{module}.{node.name}", "", doc))
         for member in node.body:
-            if isinstance(member, ast.FunctionDef) and not member.name.startswith("_"):
-                doc = ast.get_docstring(member)
-                if doc and len(doc) > 40:
-                    items.append(("method", f"{module}.{node.name}.{member.name}", _signature(member),
-                                  _first_paragraph(doc)))
+            if isinstance(member, ast.FunctionDef) and not member.name.startswith("_") and (doc := _documented(member)):
+                items.append(("method", f"{module}.{node.name}.{member.name}", _signature(member), doc))
     return items
 
 
