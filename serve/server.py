@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -251,6 +252,27 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+# vLLM's log prefix, "(EngineCore pid=12) ERROR 12-07 05:58:56 [file.py:12] ", and a Python exception's message line
+LOG_PREFIX = re.compile(r"^(?:\(\S+ pid=\d+\)\s+)?(?:(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?)?")
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b:?")
+
+
+def first_exception(path: str | Path) -> str:
+    """The first exception a log records (``SomethingError: message``, the last line of its first traceback: the root
+    cause, where later ones are its consequences, such as vLLM's "EngineDeadError ... See stack trace (above)"), its
+    log prefix stripped; lines logged at DEBUG, INFO or WARNING are not read; "" when there is none or no log."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        prefix = LOG_PREFIX.match(line)
+        message = line[prefix.end():].strip()
+        if prefix.group(1) in (None, "ERROR", "CRITICAL") and EXCEPTION_LINE.match(message):
+            return message
+    return ""
+
+
 class VllmServer:
     """A vLLM OpenAI-compatible server for the duration of a ``with`` block.
 
@@ -329,6 +351,16 @@ class VllmServer:
         return (f"the vLLM server for {self.spec.model}"
                 + (f" with draft {self.spec.draft} ({self.spec.speculation()})" if self.spec.draft else "")
                 + f" {what}; its log is {self.log_path}" + (f", ending:\n{tail}" if tail else " (empty)"))
+
+    def request_failure(self, error: str, hint: str = "") -> str:
+        """`error` (a request to this server that failed) with what the server says: whether it still runs, its
+        log and the first exception it records, then `hint` — vLLM reports a model it cannot run only in its log."""
+        code = None if self.proc is None else self.proc.poll()
+        state = "is still running" if self.proc is not None and code is None else f"exited (status {code})"
+        cause = first_exception(self.log_path)
+        return (f"{error}\nThe vLLM server for {self.spec.model} {state}; its log is {self.log_path}"
+                + (f", whose first exception reads:\n    {cause}" if cause else " (it records no exception)")
+                + (f"\n{hint}" if hint else ""))
 
     def stop(self) -> None:
         """Stop the server's process group: SIGTERM, then SIGKILL after `stop_timeout_s`; idempotent."""

