@@ -166,6 +166,7 @@ def preflight(pipeline) -> None:
         check_device("method.device", cfg.method.device)
     if "datagen" in stages:
         check_datagen_engine(cfg.data, pipeline.log)
+        pipeline.tracker.resolved("data.engine", cfg.data.engine)
     if "promote" in stages:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use

@@ -60,6 +60,15 @@ class Tracker:
         self.dir = Path(cfg.dir or out_dir)
         self.enabled = cfg.kind == "wandb"
 
+    def resolved(self, key: str, value) -> None:
+        """Record setting `key` ("data.engine") as start-up resolved it (auto -> vllm), as the stages hash it: the
+        runs' config then says what ran."""
+        *path, last = key.split(".")
+        node = self.config
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+
     def init_kwargs(self, stage: str) -> dict:
         return {"project": self.cfg.project, "entity": self.cfg.entity, "group": self.group, "job_type": stage,
                 "name": f"{self.group}-{stage}", "config": self.config, "dir": str(self.dir), "mode": wandb_mode(self.cfg.mode),

@@ -375,8 +375,11 @@ def test_pipeline_checks_for_vllm_before_any_work(tmp_path, monkeypatch, capsys)
 
 
 def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeypatch, capsys):
-    from draftsmith import cli
+    from draftsmith import cli, pipeline
 
+    trackers = []
+    made = pipeline.Tracker
+    monkeypatch.setattr(pipeline, "Tracker", lambda *a, **kw: trackers.append(made(*a, **kw)) or trackers[-1])
     args = datagen_args(tmp_path, 12) + ["data.max_new_tokens=3", "data.engine=auto",
                                          f"data.vllm.python={sys.executable}"]  # no vLLM here
     capsys.readouterr()
@@ -388,6 +391,7 @@ def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeyp
     stage = json.loads((tmp_path / "run" / "datagen" / "stage.json").read_text())
     assert stage["config"]["keys"]["data"]["engine"] == "hf"  # the engine that ran, not "auto"
     assert load_output(tmp_path / "run" / "datagen")[1]["engine"]["name"] == "hf"
+    assert trackers[0].config["data"]["engine"] == "hf"  # the tracked runs' config says so too
     cli.main()  # the same config again: auto resolves the same way, so the same hash
     assert "datagen: up to date" in capsys.readouterr().out
 
