@@ -141,8 +141,9 @@ class Pipeline:
     def resolve_serving_engine(self) -> None:
         """serve.engine: `vllm` must be importable by serve.python (a one-line error with the install recipe
         otherwise, before any work); `auto` becomes vllm when it is, else none (the table then says how to turn
-        the serving A/B on)."""
-        from draftsmith.serve.server import probe_vllm, require_vllm, vllm_python_choice
+        the serving A/B on). serve.baselines=[suffix] on servers launched here: Arctic Inference must import too."""
+        from draftsmith.decode.free import SUFFIX
+        from draftsmith.serve.server import probe_vllm, require_suffix_decoding, require_vllm, vllm_python_choice
 
         serving = self.cfg.serve
         if serving.engine == "vllm" and serving.url is None:
@@ -152,6 +153,8 @@ class Pipeline:
             python, why = vllm_python_choice(serving.python)
             self.serving_note = None if found["ok"] else f"{found['reason']}, looked at {python} ({why})"
             serving.engine = "vllm" if found["ok"] else "none"
+        if serving.engine == "vllm" and serving.url is None and SUFFIX in serving.baselines:
+            require_suffix_decoding(serving.python)
 
     def production(self) -> dict | None:
         """The registry's current production version record (None when there is none)."""

@@ -181,8 +181,12 @@ def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: L
     measured = {s: n for n, s in training_free(metrics.config.get("baselines") or [], "eval.baselines").items()}
     batch1 = measured.get(spec)  # its batch-1 record (named by the eval's list) holds what the gates read besides
     if batch1 is None or batch1 not in metrics.summary:  # the speedup
-        out["reasons"] = [f"{spec} was served but not measured by the batch-1 eval (eval.baselines): add it there to "
-                          "let promotion record it"]
+        from draftsmith.decode.free import is_suffix_spec
+
+        out["reasons"] = [f"{spec} was served but not measured by the batch-1 eval (eval.baselines): "
+                          + ("draftsmith's loop cannot run suffix decoding, so promotion does not record it; serve "
+                             "it as vLLM's method: suffix" if is_suffix_spec(spec) else
+                             "add it there to let promotion record it")]
         return out
     figures = (_serving_candidate(serving, name, metrics, p.serving_concurrency, batch1=batch1)
                if serving is not None else metrics.draft(batch1))

@@ -111,12 +111,12 @@ class Roles:
         decode/ngram.py): the candidate is eval/settings.py candidate_name's, production is "production" (a draft,
         or a training-free method the registry recorded: then the champion, not a rival), the other spec strings
         are the free rivals."""
-        from draftsmith.decode.ngram import is_ngram_spec
+        from draftsmith.decode.free import is_free_spec
         from draftsmith.eval.settings import candidate_name
 
         production = "production" if "production" in proposers else None
         return cls(candidate=candidate_name(proposers), production=production,
-                   free=tuple(n for n, spec in proposers.items() if is_ngram_spec(str(spec)) and n != production))
+                   free=tuple(n for n, spec in proposers.items() if is_free_spec(str(spec)) and n != production))
 
 
 def free_may_be_recorded(view: View, roles: Roles, contract: Contract) -> Optional[Cell]:

@@ -58,7 +58,7 @@ from draftsmith.artifacts.errors import ConfigError
 from draftsmith.serve.metrics import SpecCounters, counters_delta, scrape_metrics
 from draftsmith.serve.schedule import batch_size_schedule, describe_schedule, speculated_ks
 from draftsmith.serve.server import VllmServer, require_vllm, started_together
-from draftsmith.decode.ngram import is_ngram_spec
+from draftsmith.decode.free import is_free_spec
 from draftsmith.eval.capacity import capacity_at_slo, capacity_markdown
 from draftsmith.eval.intervals import format_ci
 from draftsmith.eval.policy import (Contract, Roles, beyond_reach, free_may_be_recorded, may_pay, rival, to_measure,
@@ -344,8 +344,9 @@ class _Launched:
                  prompts: list[list[int]], out: Path, dtype: str, reference, decide: Optional[Contract], device: str,
                  log):
         self.settings, self.target, self.drafts, self.k = settings, target, drafts, k
-        # prompt lookup (a rival or the production version "no draft needed"): a level may find nothing to propose
-        self.lookup = {name for name, draft in drafts.items() if is_ngram_spec(str(draft))}
+        # training-free methods (rivals, or the production version "no draft needed"): prompt lookup or suffix trees
+        # may find nothing to propose at a level
+        self.lookup = {name for name, draft in drafts.items() if is_free_spec(str(draft))}
         self.prompts, self.out, self.dtype, self.reference, self.decide, self.log = (prompts, out, dtype, reference,
                                                                                     decide, log)
         self.device = device

@@ -76,27 +76,30 @@ class EvalSettings:
 
 
 def training_free(entries, key: str) -> dict[str, str]:
-    """The training-free proposers of `entries` (``eval.baselines`` / ``serve.baselines``) as {name: spec}: the
-    name is "ngram" (the spec string, ``ngram:MIN-MAX``, when several windows are measured); a ConfigError naming
-    `key` for anything else. These names stand beside the drafts' in metrics.json and serving.json."""
+    """The training-free methods of `entries` (``eval.baselines`` / ``serve.baselines``; decode/free.py) as
+    {name: spec}: "ngram" (the spec string, ``ngram:MIN-MAX``, when several windows are measured) and "suffix"
+    (vLLM's suffix decoding: served only, so a ConfigError under ``eval.*``); a ConfigError naming `key` for anything
+    else. These names stand beside the drafts' in metrics.json and serving.json."""
     from draftsmith.artifacts.errors import ConfigError
-    from draftsmith.decode.ngram import is_ngram_spec, parse_ngram
+    from draftsmith.decode.free import SUFFIX, canonical, is_free_spec, is_suffix_spec
 
     specs = []
     for entry in entries:
-        if entry == "suffix":
-            raise ConfigError(f"{key}: suffix decoding needs vLLM's arctic-inference plug-in, which draftsmith does not "
-                              "measure yet (its 0.3.0 is a source package that does not build on the CPU here); use "
-                              "ngram")
-        if not is_ngram_spec(entry):
+        if is_suffix_spec(entry) and not key.startswith("serve."):
+            raise ConfigError(f"{key}: suffix decoding runs on vLLM only (draftsmith's loop has no suffix trees): "
+                              "list it in serve.baselines, where the serving A/B measures it beside the drafts; "
+                              "here use ngram")
+        if not is_free_spec(entry):
             raise ConfigError(f"{key}={list(entries)}: {entry!r} is not a training-free method; give ngram (prompt "
-                              "lookup) or ngram:MIN-MAX, or [] for none")
+                              f"lookup) or ngram:MIN-MAX{', or suffix' if key.startswith('serve.') else ''}, or [] "
+                              "for none")
         try:
-            specs.append(parse_ngram(entry, key=key).spec)
+            specs.append(canonical(entry, key=key))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     specs = list(dict.fromkeys(specs))
-    return {("ngram" if len(specs) == 1 else spec): spec for spec in specs}
+    ngrams = [spec for spec in specs if spec != SUFFIX]
+    return {(spec if spec == SUFFIX or len(ngrams) > 1 else "ngram"): spec for spec in specs}
 
 
 def with_training_free(drafts: dict, entries, key: str) -> dict:
@@ -179,7 +182,8 @@ class ServingSettings(ServerSettings):
     baseline_url: Optional[str] = None  # with url: the same target with speculation off (no launch)
     baselines: list[str] = field(default_factory=lambda: ["ngram"])  # speculation with nothing to train, served
     # beside the drafts on the same requests at every concurrency and K: ngram (vLLM's prompt lookup, window 2-4)
-    # or ngram:MIN-MAX; [] = none. The promotion asks whether the draft beats the best of them
+    # or ngram:MIN-MAX, suffix (vLLM's suffix decoding: pip install arctic-inference beside vLLM); [] = none. The
+    # promotion asks whether the draft beats the best of them
 
     def __post_init__(self):
         super().__post_init__()

@@ -127,14 +127,14 @@ def retrain_command(record: dict, draft: Path | str, root: Path) -> str:
     A training-free version (no draft: `draft` is its spec string) has nothing to train further: the command trains
     a draft from the recording run's pair.draft and ``method=`` preset (when its method.name is one) on the recent
     prompts; other overrides of that run are not repeated."""
-    from draftsmith.decode.ngram import is_ngram_spec
+    from draftsmith.decode.free import is_free_spec
     from draftsmith.serve.server import speculative_method
 
     config = (record.get("source") or {}).get("config") or {}
     pair = config.get("pair") or {}
     target = pair.get("target") or (record.get("target") or {}).get("path")
     args = ["draftsmith", "data.prompts=recent.jsonl"]
-    if isinstance(draft, str) and is_ngram_spec(draft):  # a Path is a folder
+    if isinstance(draft, str) and is_free_spec(draft):  # a Path is a folder
         method = (config.get("method") or {}).get("name")
         args += [f"pair.draft={pair['draft']}"] if pair.get("draft") else []
         args += [f"method={method}"] if method in _method_presets() else []  # method.name is a label: a preset's

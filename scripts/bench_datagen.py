@@ -61,6 +61,8 @@ def main(argv=None) -> dict:
                     help="generate greedy responses, then score the same responses (data.responses=given), timed")
     ap.add_argument("--top-k-logprobs", type=int, default=32,
                     help="with --engine or --score: datagen's data.top_k_logprobs")
+    ap.add_argument("--vllm-dtype", default="float32", help="with --engine vllm: the dtype vLLM serves the target in "
+                    "(datagen's: pair.dtype); the HF engine stays float32")
     ap.add_argument("--vllm-python", help="with --engine vllm: the interpreter that imports vllm (data.vllm.python)")
     args = ap.parse_args(argv)
 
@@ -106,7 +108,7 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
 
     cfg = DatagenConfig(target=target, prompts="-", out_dir="-", max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, top_k_logprobs=args.top_k_logprobs,
-                        vllm={"python": args.vllm_python, "kvcache_gib": 2})
+                        vllm={"python": args.vllm_python, "kvcache_gib": 2}, dtype=args.vllm_dtype)
     eos = pretrained_eos_ids(target, tokenizer)
     rates = {name: [] for name in args.engine}
     outputs, server = {}, None

