@@ -57,6 +57,8 @@ COVERED = {
     "torchvision torchaudio torchcodec": ".ci/run (installs vLLM this way; tests/test_serving_vllm.py then runs it)",
     ".venv-vllm/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && .venv-vllm/bin/pip install "
     "datasets==5.1.0": ".ci/run (installs speculators this way; tests/test_eagle3_vllm.py then loads a head with it)",
+    ".venv-vllm/bin/pip install --no-deps arctic-inference==0.3.0":
+        ".ci/run (installs Arctic Inference this way; tests/test_serving_vllm.py then serves suffix decoding with it)",
     "python -m vllm.entrypoints.openai.api_server --model OUT/train/draft":
         "tests/test_eagle3_vllm.py::test_vllm_serves_the_head_folder_alone (real vLLM, slow)",
     "draftsmith serve.engine=vllm serve.concurrency=[1,4,16]":
