@@ -41,8 +41,19 @@ def method(text: str) -> str:
 
 
 def vllm_config(text: str, k: int) -> dict:
-    """vLLM's ``--speculative-config`` for the method `text` proposing up to `k` tokens per step (suffix decoding:
-    vLLM's defaults for its trees, depth 24, min token probability 0.1)."""
+    """vLLM's ``--speculative-config`` for the method `text` proposing up to `k` tokens per step.
+
+    Suffix decoding keeps vLLM's defaults for its trees (depth 24, min token probability 0.1) but not its global
+    tree of past responses (``suffix_decoding_max_cached_requests``, 10000 by default): the serving A/B sends the same
+    prompts at every level and pass, greedy, so that tree would hold each request's exact answer from the time
+    before and measure a replay, not the traffic. Each request's own tree (its prompt and what it has written so far)
+    stays, as prompt lookup's window does."""
     if is_suffix_spec(text):
-        return {"method": SUFFIX, "num_speculative_tokens": int(k)}
+        return {"method": SUFFIX, "num_speculative_tokens": int(k), "suffix_decoding_max_cached_requests": 0}
     return parse_ngram(text).vllm_config(k)
+
+
+def recordable(text: str) -> bool:
+    """Whether promotion may record the method as a registry version ("no draft needed"): one the batch-1 eval
+    measures too (prompt lookup; suffix decoding runs on vLLM only)."""
+    return is_ngram_spec(text)

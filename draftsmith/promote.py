@@ -50,6 +50,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith.config import DraftsmithConfig
+from draftsmith.decode.free import recordable
 from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, is_free, target_mismatch
@@ -114,8 +115,10 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if compared is not None and compared["source"].startswith("measured in this"):  # side by side: paired
             difference = (_serving_difference(serving, name, candidate, champion, info["concurrency"]) if info
                           else _eval_difference(metrics, name, candidate, champion))
-        free = (_serving_free(serving, name, candidate, info["concurrency"]) if info
-                else _eval_free(metrics, name, candidate))
+        rivals = (_serving_rivals(serving, name, candidate, info["concurrency"]) if info
+                  else _eval_rivals(metrics, name, candidate))
+        free = _best_free(rivals)  # the gate weighs the fastest; only a method the registry can record is recorded
+        to_record = _best_free([r for r in rivals if recordable(r["spec"])])
         record = _decide(candidate, gates, champion, label, difference, free)
         record.update(base, compared_with=compared)
         if not info and (metrics.repeats or {}).get("stopped") == DECIDED_ON_SERVING:
@@ -134,10 +137,11 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
         if refusal is not None:
             return _refuse(record, {}, refusal, production)
         if not record["promote"]:
-            if record["decision"] == REFUSED and free is not None and free["pays"] and p.record_free:
+            if record["decision"] == REFUSED and to_record is not None and to_record["pays"] and p.record_free:
                 settled = (champion, label, compared)
-                record["no_draft_needed"] = _no_draft_needed(cfg, tx, registry, run, out_dir, record, free, metrics,
-                                                             serving if info else None, settled, production, target)
+                record["no_draft_needed"] = _no_draft_needed(cfg, tx, registry, run, out_dir, record, to_record,
+                                                             metrics, serving if info else None, settled, production,
+                                                             target)
             return record
 
         record["registry"] = _register(cfg, tx, registry, run, out_dir, draft_dir, record, candidate, metrics,
@@ -181,12 +185,8 @@ def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: L
     measured = {s: n for n, s in training_free(metrics.config.get("baselines") or [], "eval.baselines").items()}
     batch1 = measured.get(spec)  # its batch-1 record (named by the eval's list) holds what the gates read besides
     if batch1 is None or batch1 not in metrics.summary:  # the speedup
-        from draftsmith.decode.free import is_suffix_spec
-
-        out["reasons"] = [f"{spec} was served but not measured by the batch-1 eval (eval.baselines): "
-                          + ("draftsmith's loop cannot run suffix decoding, so promotion does not record it; serve "
-                             "it as vLLM's method: suffix" if is_suffix_spec(spec) else
-                             "add it there to let promotion record it")]
+        out["reasons"] = [f"{spec} was served but not measured by the batch-1 eval (eval.baselines): add it there to "
+                          "let promotion record it"]
         return out
     figures = (_serving_candidate(serving, name, metrics, p.serving_concurrency, batch1=batch1)
                if serving is not None else metrics.draft(batch1))
@@ -276,9 +276,9 @@ def _may_pay(ci) -> bool:
     return verdict(ci, 1.0) != BELOW
 
 
-def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
-    """The best training-free method of the batch-1 eval (eval.baselines) beside the candidate, for the gate
-    (eval/gates.py decide's `free`), with the paired interval of candidate - it at their chosen K."""
+def _eval_rivals(metrics: EvalMetrics, name: str, candidate: dict) -> list[dict]:
+    """The training-free methods of the batch-1 eval (eval.baselines) beside the candidate, each with the paired
+    interval of candidate - it at their chosen K (the best of them is eval/gates.py decide's `free`)."""
     from draftsmith.eval.settings import training_free
 
     rivals = []
@@ -293,11 +293,11 @@ def _eval_free(metrics: EvalMetrics, name: str, candidate: dict) -> dict | None:
                        "speedup": summary["speedup"],
                        "speedup_ci95": summary.get("speedup_ci95"),
                        "difference_ci95": difference_ci(a, b) if a and b and pays else None})
-    return _best_free(rivals)
+    return rivals
 
 
-def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int) -> dict | None:
-    """The best training-free method served beside the candidate (serve.baselines) at the decision concurrency,
+def _serving_rivals(serving: ServingTable, name: str, candidate: dict, level: int) -> list[dict]:
+    """The training-free methods served beside the candidate (serve.baselines) at the decision concurrency, each
     with the paired interval of candidate - it (eval/serving_stats.py cell_difference_ci: the lives' spread held)."""
     rivals = []
     for free in Roles.of(serving.doc.get("drafts") or {}).free:
@@ -317,7 +317,7 @@ def _serving_free(serving: ServingTable, name: str, candidate: dict, level: int)
                        "short_lives": (f"{name} K={candidate['best_k']} and {free} K={k} ran on {lives_of(mine)} and "
                                        f"{lives_of(theirs)} server lives, fewer than the {MIN_LIVES} a difference "
                                        "is declared on" if short else None)})
-    return _best_free(rivals)
+    return rivals
 
 
 def _candidate(metrics: EvalMetrics) -> tuple[str, Path]:

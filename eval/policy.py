@@ -104,19 +104,22 @@ class Roles:
     candidate: Optional[str]  # what the promotion decides on
     production: Optional[str] = None  # the registry's production draft, measured beside it
     free: tuple[str, ...] = ()  # the training-free methods measured beside it
+    recordable: tuple[str, ...] = ()  # those of them promotion may record as "no draft needed" (decode/free.py)
 
     @classmethod
     def of(cls, proposers: dict) -> "Roles":
         """The roles among `proposers` (name -> a draft's folder, or a training-free method's spec string,
-        decode/ngram.py): the candidate is eval/settings.py candidate_name's, production is "production" (a draft,
+        decode/free.py): the candidate is eval/settings.py candidate_name's, production is "production" (a draft,
         or a training-free method the registry recorded: then the champion, not a rival), the other spec strings
-        are the free rivals."""
-        from draftsmith.decode.free import is_free_spec
+        are the free rivals, and those of them promotion may record (prompt lookup, not suffix decoding) are
+        `recordable`."""
+        from draftsmith.decode.free import is_free_spec, recordable
         from draftsmith.eval.settings import candidate_name
 
         production = "production" if "production" in proposers else None
-        return cls(candidate=candidate_name(proposers), production=production,
-                   free=tuple(n for n, spec in proposers.items() if is_free_spec(str(spec)) and n != production))
+        free = tuple(n for n, spec in proposers.items() if is_free_spec(str(spec)) and n != production)
+        return cls(candidate=candidate_name(proposers), production=production, free=free,
+                   recordable=tuple(n for n in free if recordable(str(proposers[n]))))
 
 
 def free_may_be_recorded(view: View, roles: Roles, contract: Contract) -> Optional[Cell]:
@@ -124,15 +127,19 @@ def free_may_be_recorded(view: View, roles: Roles, contract: Contract) -> Option
     does so for a refused candidate whose rival clears the same gates): the method may pay, and the candidate's
     verdict is settled against it — its chosen cell's interval wholly below a bar, or the paired difference with
     the rival (``free_margin``) or with production (``margin``) wholly below its margin; else None. The promotion
-    decides; this says only whether the rival's own configuration (its K schedule) is worth serving to measure."""
+    decides; this says only whether the rival's own configuration (its K schedule) is worth serving to measure.
+    The rival is the fastest method promotion may record (``roles.recordable``); the candidate's verdict may be
+    settled against any rival (suffix decoding, which is not recorded, included)."""
     if not contract.at or contract.free_margin is None or roles.candidate is None:
         return None
-    choice, free = view.choice(roles.candidate), rival(view, roles)
+    choice, free = view.choice(roles.candidate), rival(view, roles, among=roles.recordable)
     if choice is None or free is None or not may_pay(view, free):
         return None
     mine = (roles.candidate, choice[0])
     refused = any(verdict(view.interval(mine), bar) == BELOW for bar in contract.at)
-    refused = refused or verdict(view.difference(mine, free), contract.free_margin) == BELOW
+    fastest = rival(view, roles)
+    refused = refused or any(verdict(view.difference(mine, other), contract.free_margin) == BELOW
+                             for other in dict.fromkeys((free, fastest)) if other is not None)
     theirs = view.choice(roles.production) if contract.margin is not None and roles.production else None
     if theirs is not None:
         refused = refused or verdict(view.difference(mine, (roles.production, theirs[0])), contract.margin) == BELOW
@@ -148,10 +155,11 @@ def may_pay(view: View, cell: Cell) -> bool:
     return verdict(view.interval(cell), 1.0) != BELOW
 
 
-def rival(view: View, roles: Roles) -> Optional[Cell]:
-    """The fastest training-free method's chosen cell, or None (none measured)."""
+def rival(view: View, roles: Roles, among: Optional[tuple[str, ...]] = None) -> Optional[Cell]:
+    """The fastest training-free method's chosen cell (of `among`'s methods when given, else of all), or None (none
+    measured)."""
     best = None
-    for name in roles.free:
+    for name in roles.free if among is None else among:
         choice = view.choice(name)
         if choice is None:
             continue

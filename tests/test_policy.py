@@ -124,7 +124,7 @@ def test_the_rival_may_be_recorded_only_when_the_candidate_is_settled_against_it
     view = Hand({"trained": (2, [2]), "ngram": (3, [3])},
                 {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 3): (1.8, [1.6, 2.0])},
                 {(("trained", 2), ("ngram", 3)): [-0.7, -0.3]})
-    roles, contract = Roles("trained", free=("ngram",)), Contract(at=(1.1,), free_margin=0.0)
+    roles, contract = Roles("trained", free=("ngram",), recordable=("ngram",)), Contract(at=(1.1,), free_margin=0.0)
     assert free_may_be_recorded(view, roles, contract) == ("ngram", 3)  # lookup surely ahead
     assert free_may_be_recorded(view, roles, Contract(at=(1.1,))) is None  # no training-free gate
     view.differences[(("trained", 2), ("ngram", 3))] = [-0.7, 0.1]  # undecided: the draft may yet be promoted
@@ -138,8 +138,24 @@ def test_the_rival_may_be_recorded_only_when_the_candidate_is_settled_against_it
                  {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 3): (1.3, [1.1, 1.5]),
                   ("production", 2): (1.6, [1.5, 1.7])},
                  {(("trained", 2), ("ngram", 3)): [-0.2, 0.2], (("trained", 2), ("production", 2)): [-0.4, -0.2]})
-    with_prod = Roles("trained", production="production", free=("ngram",))
+    with_prod = Roles("trained", production="production", free=("ngram",), recordable=("ngram",))
     assert free_may_be_recorded(champ, with_prod, Contract(at=(1.1,), margin=0.0, free_margin=0.0)) == ("ngram", 3)
+
+
+def test_suffix_decoding_may_refuse_the_draft_but_only_prompt_lookup_is_measured_to_be_recorded():
+    """Suffix decoding (vLLM only, never recorded) surely ahead of the draft settles its refusal; the method whose
+    K schedule is worth measuring for "no draft needed" is then prompt lookup, when it may pay — never suffix."""
+    view = Hand({"trained": (2, [2]), "ngram": (2, [2]), "suffix": (2, [2])},
+                {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 2): (1.25, [1.1, 1.4]), ("suffix", 2): (1.8, [1.6, 2.0])},
+                {(("trained", 2), ("suffix", 2)): [-0.7, -0.3], (("trained", 2), ("ngram", 2)): [-0.1, 0.2]})
+    roles = Roles.of({"trained": "/d", "ngram": "ngram:2-4", "suffix": "suffix"})
+    assert roles.free == ("ngram", "suffix") and roles.recordable == ("ngram",)
+    contract = Contract(at=(1.1,), free_margin=0.0)
+    assert free_may_be_recorded(view, roles, contract) == ("ngram", 2)  # refused against suffix; lookup may pay
+    view.cells[("ngram", 2)] = (0.9, [0.8, 0.95])  # lookup does not pay: nothing worth recording
+    assert free_may_be_recorded(view, roles, contract) is None
+    only_suffix = Roles.of({"trained": "/d", "suffix": "suffix"})
+    assert only_suffix.recordable == () and free_may_be_recorded(view, only_suffix, contract) is None
 
 
 def test_the_contract_from_promote_settings():

@@ -30,9 +30,11 @@ def test_the_spec_strings_of_the_training_free_methods():
 
 def test_vllm_serves_suffix_decoding_with_its_own_config_and_a_k_schedule():
     assert speculative_method("suffix") == "suffix"
-    assert speculative_config("suffix", 3) == {"method": "suffix", "num_speculative_tokens": 3}
+    # no global tree of past responses: the A/B replays its prompts, greedy (decode/free.py vllm_config)
+    assert speculative_config("suffix", 3) == {"method": "suffix", "num_speculative_tokens": 3,
+                                               "suffix_decoding_max_cached_requests": 0}
     scheduled = speculative_config("suffix", None, [[1, 2, 3], [3, 8, 0]])
-    assert scheduled == {"method": "suffix", "num_speculative_tokens": 3,
+    assert scheduled == {"method": "suffix", "num_speculative_tokens": 3, "suffix_decoding_max_cached_requests": 0,
                          "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 8, 0]]}
     assert speculative_config("ngram", 2)["method"] == "ngram"  # prompt lookup's unchanged
 
@@ -73,5 +75,5 @@ def test_the_serving_ab_serves_suffix_beside_the_draft_as_a_rival(tmp_path, monk
     assert {c["draft"] for c in serving["cells"]} == {"trained", "ngram", "suffix"}
     log = (tmp_path / "eval" / "serving_logs" / "suffix-k2.log").read_text()
     config = json.loads(log.splitlines()[0].split("--speculative-config ", 1)[1].split(" --", 1)[0])
-    assert config == {"method": "suffix", "num_speculative_tokens": 2}
+    assert config == {"method": "suffix", "num_speculative_tokens": 2, "suffix_decoding_max_cached_requests": 0}
     assert set(Roles.of(serving["drafts"]).free) == {"ngram", "suffix"}
