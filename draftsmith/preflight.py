@@ -187,3 +187,4 @@ def preflight(pipeline) -> None:
         pipeline.check_registry_target(target)
     if "serve" in stages:
         pipeline.resolve_serving_engine()
+        pipeline.tracker.resolved("serve.engine", cfg.serve.engine)

@@ -30,9 +30,10 @@ champion is then compared at the same concurrency: the draft the serving A/B mea
 serving settings), else the candidate is refused. The version stores serving.json, the K per
 concurrency band (``k_by_concurrency``) and the winning K in speculative_config.json.
 
-No draft needed: when the trained draft is refused and the fastest training-free method measured beside it
-(eval.baselines / serve.baselines: n-gram prompt lookup) clears the same gates on the same basis — the speedup bar
-and the production champion — that method is registered instead (``promote.record_free``; registry.py: a version
+No draft needed: when the trained draft is refused and the fastest training-free method measured beside it that the
+registry can record (eval.baselines / serve.baselines: n-gram prompt lookup; vLLM's suffix decoding may refuse the
+draft but is not recorded: the batch-1 eval cannot measure it) clears the same gates on the same basis — the speedup
+bar and the production champion — that method is registered instead (``promote.record_free``; registry.py: a version
 with no draft folder, speculative_config.json ``method: ngram`` with the K, or K schedule, measured for it).
 promotion.json keeps the draft's verdict and says what was recorded under ``no_draft_needed``.
 

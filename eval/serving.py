@@ -105,7 +105,8 @@ def drive(url: str, prompts: list[list[int]], settings: ServingSettings, *, spec
     levels or pass counts than the settings'; `into`: the (spec, plain) runs to add these passes to (returned);
     `warmup` False: no warm-up requests (the servers already served); `server`: the label of this start of the
     server(s), stamped on every pass (a cell's interval sees the spread between server lives); `lookup`: the server
-    speculates by prompt lookup (serve.baselines), which may find nothing to propose at a level (no error then)."""
+    speculates by a training-free method (serve.baselines: prompt lookup, suffix trees), which may find nothing to
+    propose at a level (no error then)."""
     if baseline_url is None:
         return _drive([(url, spec, server)], prompts, settings, log=log, levels=levels, passes=passes,
                       into={url: into[0]} if into is not None else None, warmup=warmup,
@@ -126,7 +127,7 @@ def drive_together(urls: list[str], baseline_url: str, prompts: list[list[int]],
     than after it), and the plain pass is the one every speculative pass of
     that round is compared with -> [(spec runs, plain runs)] per url. `into`: per url, the (spec, plain) runs to
     add these passes to; `servers`: per url, the label stamped on its passes (its server life); `lookup`: whether
-    they speculate by prompt lookup (:func:`drive`), for all or per url."""
+    they speculate by a training-free method (:func:`drive`), for all or per url."""
     labels = servers or [None] * len(urls)
     lookups = lookup if isinstance(lookup, list) else [lookup] * len(urls)
     sides = [(u, True, lab) for u, lab in zip(urls, labels)] + [(baseline_url, False, labels[0] if len(urls) == 1
@@ -150,7 +151,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
     """The passes themselves: `sides` = [(url, speculative?, label)] up at once; each level of each pass runs every
     side once, in the order of eval/order.py interleaved (rotated by level, reversed every other pass). `into`
     {url: runs}: passes already taken (counted for the order; with `keep` the new passes are added to them, else
-    only the new passes are returned); `lookup`: the urls that speculate by prompt lookup (may draft nothing)."""
+    only the new passes are returned); `lookup`: the urls that speculate by a training-free method (may draft nothing)."""
     from draftsmith.serve.errors import VllmError
 
     models = {u: served_model(u, key="serve.url" if is_spec else "serve.baseline_url") for u, is_spec, _ in sides}
@@ -173,7 +174,7 @@ def _drive(sides: list[tuple[str, bool, Optional[str]]], prompts: list[list[int]
                 counters = None
                 if is_spec:
                     counters = counters_delta(before, scrape_metrics(u))
-                    if not counters.drafts and u not in lookup:  # prompt lookup may find no repeat to propose
+                    if not counters.drafts and u not in lookup:  # lookup or suffix trees may find no repeat to propose
                         raise VllmError(f"{u} drafted nothing at {kind}={level:g} (vllm:spec_decode_num_drafts_total "
                                         "did not move): is speculation on at that server?")
                 out[u] = _merged(out[u], {(kind, level): ([load], counters)})
@@ -311,7 +312,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 def with_baselines(drafts: dict, settings: ServingSettings) -> dict:
     """`drafts` and the training-free methods of serve.baselines (eval/settings.py with_training_free), served as
     drafts are."""
-    return with_training_free(drafts, settings.baselines, "serve.baselines")
+    return with_training_free(drafts, settings.baselines, "serve.baselines", on_vllm=True)
 
 
 def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Launched"]) -> list[str]:

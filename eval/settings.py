@@ -75,23 +75,23 @@ class EvalSettings:
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
 
 
-def training_free(entries, key: str) -> dict[str, str]:
+def training_free(entries, key: str, *, on_vllm: bool = False) -> dict[str, str]:
     """The training-free methods of `entries` (``eval.baselines`` / ``serve.baselines``; decode/free.py) as
     {name: spec}: "ngram" (the spec string, ``ngram:MIN-MAX``, when several windows are measured) and "suffix"
-    (vLLM's suffix decoding: served only, so a ConfigError under ``eval.*``); a ConfigError naming `key` for anything
-    else. These names stand beside the drafts' in metrics.json and serving.json."""
+    (vLLM's suffix decoding: only where `on_vllm`, the serving A/B; a ConfigError elsewhere); a ConfigError naming
+    `key` for anything else. These names stand beside the drafts' in metrics.json and serving.json."""
     from draftsmith.artifacts.errors import ConfigError
     from draftsmith.decode.free import SUFFIX, canonical, is_free_spec, is_suffix_spec
 
     specs = []
     for entry in entries:
-        if is_suffix_spec(entry) and not key.startswith("serve."):
+        if is_suffix_spec(entry) and not on_vllm:
             raise ConfigError(f"{key}: suffix decoding runs on vLLM only (draftsmith's loop has no suffix trees): "
                               "list it in serve.baselines, where the serving A/B measures it beside the drafts; "
                               "here use ngram")
         if not is_free_spec(entry):
             raise ConfigError(f"{key}={list(entries)}: {entry!r} is not a training-free method; give ngram (prompt "
-                              f"lookup) or ngram:MIN-MAX{', or suffix' if key.startswith('serve.') else ''}, or [] "
+                              f"lookup) or ngram:MIN-MAX{', or suffix' if on_vllm else ''}, or [] "
                               "for none")
         try:
             specs.append(canonical(entry, key=key))
@@ -102,13 +102,13 @@ def training_free(entries, key: str) -> dict[str, str]:
     return {(spec if spec == SUFFIX or len(ngrams) > 1 else "ngram"): spec for spec in specs}
 
 
-def with_training_free(drafts: dict, entries, key: str) -> dict:
+def with_training_free(drafts: dict, entries, key: str, *, on_vllm: bool = False) -> dict:
     """`drafts` (name -> folder or spec) and the training-free methods of `entries` (:func:`training_free`), each
     measured as drafts are. A method a draft already is (the registry's production version "no draft needed",
     measured as ``production``) is not measured twice; a draft named like a method is a ConfigError naming `key`."""
     from draftsmith.artifacts.errors import ConfigError
 
-    free = training_free(entries, key)
+    free = training_free(entries, key, on_vllm=on_vllm)
     clash = sorted(free.keys() & drafts.keys())
     if clash:
         raise ConfigError(f"the drafts are named {clash}, which {key} uses for a training-free method: rename the "
@@ -187,7 +187,7 @@ class ServingSettings(ServerSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        training_free(self.baselines, "serve.baselines")
+        training_free(self.baselines, "serve.baselines", on_vllm=True)
         check_choice("serve.engine", self.engine, ("none", "vllm", "auto"))
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,

@@ -280,12 +280,15 @@ LOG_PREFIX = re.compile(r"^(?:\(\S+ pid=\d+\)\s+)?(?:(DEBUG|INFO|WARNING|ERROR|C
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b:?")
 
 
-def first_exception(path: str | Path) -> str:
-    """The first exception a log records (``SomethingError: message``, the last line of its first traceback: the root
-    cause, where later ones are its consequences, such as vLLM's "EngineDeadError ... See stack trace (above)"), its
-    log prefix stripped; lines logged at DEBUG, INFO or WARNING are not read; "" when there is none or no log."""
+def first_exception(path: str | Path, start: int = 0) -> str:
+    """The first exception a log records from byte `start` on (``SomethingError: message``, the last line of its
+    first traceback: the root cause, where later ones are its consequences, such as vLLM's "EngineDeadError ... See
+    stack trace (above)"), its log prefix stripped; lines logged at DEBUG, INFO or WARNING are not read; "" when
+    there is none or no log."""
     try:
-        lines = Path(path).read_text(errors="replace").splitlines()
+        with open(path, "rb") as log:
+            log.seek(start)
+            lines = log.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
     for line in lines:
@@ -316,6 +319,7 @@ class VllmServer:
         self.proc: Optional[subprocess.Popen] = None  # the guard, leader of the server's process group
         self.port: Optional[int] = None
         self._lifeline: Optional[int] = None  # write end of the guard's stdin: closes when this process dies
+        self._healthy_at = 0  # the log's size when the server answered /health: what it says after is about requests
 
     @property
     def url(self) -> str:
@@ -363,6 +367,7 @@ class VllmServer:
             if code is not None:
                 raise VllmError(self._failure(f"exited with status {code} before it was ready"))
             if http_get(self.url + "/health", timeout_s=2.0)[0] == 200:
+                self._healthy_at = self.log_path.stat().st_size if self.log_path.exists() else 0
                 return
             if time.monotonic() > deadline:
                 raise VllmError(self._failure(f"was not healthy after {self.startup_timeout_s:.0f} s (raise "
@@ -377,10 +382,12 @@ class VllmServer:
 
     def request_failure(self, error: str, hint: str = "") -> str:
         """`error` (a request to this server that failed) with what the server says: whether it still runs, its
-        log and the first exception it records, then `hint` — vLLM reports a model it cannot run only in its log."""
+        log and the first exception it records since it was ready, then `hint` — vLLM reports a model it cannot run only in its log."""
         code = None if self.proc is None else self.proc.poll()
-        state = "is still running" if self.proc is not None and code is None else f"exited (status {code})"
-        cause = first_exception(self.log_path)
+        state = "was stopped" if self.proc is None else "is still running" if code is None else \
+            f"exited (status {code})"
+        # the first exception since it was ready (one printed while it started did not stop it), else any
+        cause = first_exception(self.log_path, self._healthy_at) or first_exception(self.log_path)
         return (f"{error}\nThe vLLM server for {self.spec.model} {state}; its log is {self.log_path}"
                 + (f", whose first exception reads:\n    {cause}" if cause else " (it records no exception)")
                 + (f"\n{hint}" if hint else ""))

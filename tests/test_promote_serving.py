@@ -468,3 +468,27 @@ def test_no_draft_needed_finds_the_methods_batch_1_record_by_its_spec(job):
     assert (free["spec"], free["decision"]) == ("ngram:2-4", "promoted")
     assert free["candidate"]["batch1"] == summary_entry(1.8)
     assert job["reg"].find("demo", "production")["training_free"] == "ngram:2-4"
+
+
+def test_suffix_decoding_ahead_refuses_the_draft_and_prompt_lookup_is_what_gets_recorded(job):
+    """serve.baselines=[ngram, suffix]: suffix decoding, the fastest, refuses the draft through the training_free
+    gate; "no draft needed" then judges prompt lookup (recordable, measured at batch 1 too), never suffix; with
+    suffix alone nothing is recorded."""
+    with_lookup_in_the_eval(job["out"], summary_entry(1.8))
+    suffix = {key: s + 0.3 for key, s in LOOKUP.items()}
+    fake_serving(job["out"], {"trained": job["draft"], "ngram": "ngram:2-4", "suffix": "suffix"},
+                 {"trained": TABLE, "ngram": LOOKUP, "suffix": suffix})
+    record = promote(at(4), job["out"], job["reg"])
+    assert record["decision"] == "refused" and record["training_free"]["name"] == "suffix"
+    assert record["reasons"][0].startswith("serve suffix with K=2")
+    free = record["no_draft_needed"]
+    assert (free["spec"], free["decision"]) == ("ngram:2-4", "promoted")
+    assert job["reg"].find("demo", "production")["training_free"] == "ngram:2-4"
+
+
+def test_suffix_decoding_alone_refuses_the_draft_and_records_nothing(job):
+    fake_serving(job["out"], {"trained": job["draft"], "suffix": "suffix"},
+                 {"trained": TABLE, "suffix": {key: s + 0.3 for key, s in LOOKUP.items()}})
+    record = promote(at(4), job["out"], job["reg"])
+    assert record["decision"] == "refused" and record["training_free"]["name"] == "suffix"
+    assert "no_draft_needed" not in record and job["reg"].find("demo", "production") is None

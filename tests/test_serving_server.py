@@ -177,6 +177,19 @@ def test_a_failed_request_is_told_with_the_servers_state_and_its_logs_first_exce
     assert told.splitlines()[0] == "prompt 0 failed; is the server up?"
     assert "is still running" in told and str(srv.log_path) in told and told.endswith("set data.engine=hf")
     assert "first exception reads:\n    RuntimeError: Unsupported CPU attention configuration: head_dim=8" in told
+    assert "was stopped" in srv.request_failure("prompt 1 failed")  # asked after the block: the server is gone
+
+
+def test_an_exception_printed_while_the_server_started_is_not_taken_for_a_request_failures_cause(fake, tmp_path):
+    with server(fake, tmp_path) as srv:
+        ready = srv.log_path.stat().st_size
+        assert ready > 0 and srv._healthy_at == ready  # where the log stood when /health answered
+    early = "ModuleNotFoundError: No module named 'optional_plugin'\n"  # said while it started: it started anyway
+    srv.log_path.write_text(early + VLLM_LOG)
+    srv._healthy_at = len(early)
+    assert "RuntimeError: Unsupported CPU attention configuration" in srv.request_failure("prompt 0 failed")
+    assert vllm.first_exception(srv.log_path).startswith("ModuleNotFoundError")  # the whole log's first
+    assert vllm.first_exception(srv.log_path, len(early)).startswith("RuntimeError")
 
 
 def test_a_server_never_healthy_and_deaf_to_sigterm_is_killed(fake, tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from draftsmith.eval.serving import run_serving_ab
 from draftsmith.eval.settings import EvalSettings, ServingSettings, training_free, with_training_free
 from draftsmith.serve.errors import VllmError
 from draftsmith.serve.server import require_suffix_decoding, speculative_config, speculative_method
-from serving_fakes import write_fake_python
+from serving_fakes import write_fake_python  # noqa: E402
 
 
 def test_the_spec_strings_of_the_training_free_methods():
@@ -40,27 +40,62 @@ def test_vllm_serves_suffix_decoding_with_its_own_config_and_a_k_schedule():
 
 
 def test_serve_baselines_take_suffix_and_eval_baselines_say_where_it_is_measured():
-    assert training_free(["ngram", "suffix"], "serve.baselines") == {"ngram": free.canonical("ngram"),
-                                                                     "suffix": "suffix"}
-    assert training_free(["suffix", "suffix"], "serve.baselines") == {"suffix": "suffix"}
-    assert set(training_free(["ngram:1-3", "ngram:2-4", "suffix"], "serve.baselines")) == \
+    assert training_free(["ngram", "suffix"], "serve.baselines", on_vllm=True) == {"ngram": free.canonical("ngram"),
+                                                                                   "suffix": "suffix"}
+    assert training_free(["suffix", "suffix"], "serve.baselines", on_vllm=True) == {"suffix": "suffix"}
+    assert set(training_free(["ngram:1-3", "ngram:2-4", "suffix"], "serve.baselines", on_vllm=True)) == \
         {"ngram:1-3", "ngram:2-4", "suffix"}  # several windows keep their spec names; suffix keeps its own
     assert ServingSettings(baselines=["suffix"]).baselines == ["suffix"]
     with pytest.raises(ConfigError, match=r"eval.baselines: suffix decoding runs on vLLM only.*serve.baselines"):
         EvalSettings(baselines=["ngram", "suffix"])
     with pytest.raises(ConfigError, match="or suffix"):
         ServingSettings(baselines=["suffx"])
-    drafts = with_training_free({"trained": "/d"}, ["suffix"], "serve.baselines")
+    drafts = with_training_free({"trained": "/d"}, ["suffix"], "serve.baselines", on_vllm=True)
     assert drafts == {"trained": "/d", "suffix": "suffix"} and Roles.of(drafts).free == ("suffix",)
+
+
+def interpreter(tmp_path, imports: bool):
+    """A stand-in for vLLM's python whose ``-c 'import arctic_inference.suffix_decoding'`` succeeds or fails."""
+    path = tmp_path / f"python-{'with' if imports else 'without'}-arctic"
+    fail = "" if imports else "sys.stderr.write(\"ModuleNotFoundError: No module named 'arctic_inference'\\n\"); sys.exit(1)"
+    path.write_text(f"#!{sys.executable}\nimport sys\n{fail}\n")
+    path.chmod(0o755)
+    return str(path)
 
 
 def test_the_start_up_check_names_the_key_and_how_to_install(tmp_path):
     with pytest.raises(VllmError) as refused:
-        require_suffix_decoding(sys.executable)  # the test venv has no Arctic Inference
+        require_suffix_decoding(interpreter(tmp_path, imports=False))
     message = str(refused.value)
-    assert "serve.baselines lists suffix" in message and "arctic_inference" in message
+    assert "serve.baselines lists suffix" in message and "No module named 'arctic_inference'" in message
     assert "pip install --no-deps arctic-inference==0.3.0" in message and "drop suffix from serve.baselines" in message
-    require_suffix_decoding(str(write_fake_python(tmp_path)))  # an interpreter whose `-c` import succeeds: no error
+    require_suffix_decoding(interpreter(tmp_path, imports=True))  # no error
+
+
+@pytest.mark.parametrize("engine, url, found, checked", [
+    ("vllm", None, True, True), ("auto", None, True, True),  # servers launched here: checked before any work
+    ("auto", None, False, False),  # auto found no vLLM: no serving A/B, nothing to check
+    ("vllm", "http://127.0.0.1:1", True, False),  # the user's own servers: theirs to configure
+])
+def test_the_pipeline_checks_for_arctic_inference_only_where_it_launches_suffix_servers(monkeypatch, engine, url, found,
+                                                                                         checked):
+    from types import SimpleNamespace
+
+    import draftsmith.serve.server as server
+    from draftsmith.pipeline import Pipeline
+
+    asked = []
+    monkeypatch.setattr(server, "require_vllm", lambda *a, **kw: {"ok": True})
+    monkeypatch.setattr(server, "probe_vllm", lambda *a, **kw: {"ok": found, "reason": None if found else "absent"})
+    monkeypatch.setattr(server, "require_suffix_decoding", lambda python=None, **kw: asked.append(python))
+    urls = {"url": url, "baseline_url": url + "/plain"} if url else {}
+    pipeline = SimpleNamespace(cfg=SimpleNamespace(serve=ServingSettings(engine=engine, python="/py",
+                                                                         baselines=["ngram", "suffix"], **urls)))
+    Pipeline.resolve_serving_engine(pipeline)
+    assert asked == (["/py"] if checked else [])
+    pipeline.cfg.serve = ServingSettings(engine="vllm", python="/py", baselines=["ngram"])
+    Pipeline.resolve_serving_engine(pipeline)  # no suffix asked for: no check
+    assert len(asked) == (1 if checked else 0)
 
 
 def test_the_serving_ab_serves_suffix_beside_the_draft_as_a_rival(tmp_path, monkeypatch):

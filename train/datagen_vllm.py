@@ -316,8 +316,7 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
             raise VllmError(f"{exc}\n{UNSERVABLE_HINT}") from None
         info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
                 "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
-        served = Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
         try:
-            yield served
+            yield Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
         except VllmError as exc:  # a request failed: the reason, if the server gave one, is in its log only
             raise VllmError(server.request_failure(str(exc), UNSERVABLE_HINT)) from None
