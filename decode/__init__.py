@@ -18,6 +18,7 @@ _EXPORTS = {
     "load_eagle": "draftsmith.decode.eagle",
     "eagle3_generate": "draftsmith.decode.loop",
     "ngram_generate": "draftsmith.decode.loop",
+    "suffix_generate": "draftsmith.decode.loop",
     "NGram": "draftsmith.decode.ngram",
     "Eagle3Head": "draftsmith.decode.eagle3",
     "load_eagle3": "draftsmith.decode.eagle3",

@@ -2,10 +2,10 @@
 
 - ``ngram`` / ``ngram:MIN-MAX``: prompt lookup (decode/ngram.py), vLLM's ``method: ngram``; draftsmith's loop runs
   it too, so both the batch-1 eval (``eval.baselines``) and the serving A/B (``serve.baselines``) measure it.
-- ``suffix``: vLLM's suffix decoding (``method: suffix``, Arctic Inference's suffix trees over each request's
-  prompt and the responses the server has already written; it proposes up to K tokens where the trees say a
-  continuation is likely, none elsewhere). It needs the ``arctic-inference`` package beside vLLM and runs there
-  only: the serving A/B measures it, the batch-1 eval does not (draftsmith's loop has no suffix trees).
+- ``suffix``: vLLM's suffix decoding (``method: suffix``, Arctic Inference's suffix tree over each request's
+  prompt and what it has written; it proposes up to K tokens where the tree says a continuation is likely, none
+  elsewhere). It needs the ``arctic-inference`` package: beside vLLM for the serving A/B, in draftsmith's
+  environment for the batch-1 eval (decode/suffix.py asks the tree as vLLM does).
 
 The spec strings stand in serving.json's ``drafts`` and a registry version's ``training_free`` as text.
 """
@@ -54,6 +54,6 @@ def vllm_config(text: str, k: int) -> dict:
 
 
 def recordable(text: str) -> bool:
-    """Whether promotion may record the method as a registry version ("no draft needed"): one the batch-1 eval
-    measures too (prompt lookup; suffix decoding runs on vLLM only)."""
-    return is_ngram_spec(text)
+    """Whether promotion may record the method as a registry version ("no draft needed"): any training-free method,
+    once the batch-1 eval has measured it too (draftsmith's loop runs both: decode/ngram.py, decode/suffix.py)."""
+    return is_free_spec(text)

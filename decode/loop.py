@@ -268,6 +268,40 @@ def eagle3_generate(
 
 
 @torch.inference_mode()
+def suffix_generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    k: int = 3,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    backend: str = "auto",
+) -> GenerateOutput:
+    """Speculative decoding of `target` with vLLM's suffix decoding (decode/suffix.py: Arctic Inference's suffix tree
+    over the prompt and what the decode has written) proposing up to `k` tokens a round: vLLM's ``method: suffix``.
+
+    The arguments, output and guarantees of :func:`ngram_generate` (a round the tree cannot continue costs one plain
+    target step). ``stats.draft_backend`` is "suffix"; ``stats.draft_forwards`` is 0. Needs Arctic Inference
+    (ImportError with its install line otherwise).
+    """
+    from draftsmith.decode.suffix import SuffixTree
+
+    check_sampling_args(temperature, top_p, top_k)
+    _check_k(k)
+    prompt = _prepare_prompt(input_ids, attention_mask)
+    tree = SuffixTree(prompt[0].tolist())
+    tgt = make_runner(target, backend, prompt.shape[1] + max(max_new_tokens, 0) + k + 1)
+    return _speculate(tgt, _Suffix(tree, logit_width(target)), input_ids, prompt, k=k, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                      generator=generator)
+
+
+@torch.inference_mode()
 def ngram_generate(
     target: torch.nn.Module,
     ngram,
@@ -464,10 +498,17 @@ class _NGram:
         """Nothing to roll back: the next lookup reads the text as verification left it."""
 
 
+class _Suffix(_NGram):
+    """vLLM's suffix decoding (decode/suffix.py ``SuffixTree``, one per decode): the draft side of
+    :func:`suffix_generate`; :class:`_NGram`'s rounds and one-hot proposals."""
+
+    backend = "suffix"
+
+
 def _speculate(tgt, dft, input_ids: torch.Tensor, prompt: torch.Tensor, *, k: int, max_new_tokens: int,
                temperature: float, top_p: float, top_k: int, eos_token_id, generator) -> GenerateOutput:
     """The speculative loop of :func:`speculative_generate` (steps numbered there) with the target's cached runner
-    `tgt` and a proposer `dft` (:class:`_DraftModel`, :class:`_Eagle`, :class:`_Eagle3`, :class:`_NGram`:
+    `tgt` and a proposer `dft` (:class:`_DraftModel`, :class:`_Eagle`, :class:`_Eagle3`, :class:`_NGram`, :class:`_Suffix`:
     ``prefilled``, ``plan``, ``step``, ``verified``, ``width``, ``backend``, ``forwards``)."""
     device = prompt.device
     eos = _eos_tensor(eos_token_id, device)

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode import autoregressive_generate, eagle3_generate, eagle_generate, ngram_generate, speculative_generate
+from draftsmith.decode import (autoregressive_generate, eagle3_generate, eagle_generate, ngram_generate,
+                               speculative_generate, suffix_generate)
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.eagle3 import Eagle3Head, is_eagle3_dir, load_eagle3
 from draftsmith.decode.ngram import NGram, is_ngram_spec, parse_ngram
+from draftsmith.decode.suffix import Suffix
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
@@ -53,7 +55,7 @@ from draftsmith.eval.policy import DECIDED_ON_SERVING, Contract, Roles, beyond_r
 from draftsmith.eval.metrics import CellRecord, cell_record, slowdown_warning
 
 HEAD_KINDS = (EagleHead, Eagle3Head)  # drafts that read the target's features: run on its lean forward
-NOT_MODELS = (*HEAD_KINDS, NGram)  # proposers that are not a draft model: no HF assisted generation, no logit width
+NOT_MODELS = (*HEAD_KINDS, NGram, Suffix)  # proposers that are not a draft model: no HF assisted generation, no logit width
 
 SCHEMA_VERSION = 1
 
@@ -159,6 +161,8 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     embedding (EAGLE-1: and its head) and needs the target
     on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
     (the train stage saves the target's), must be the target's."""
+    if path == Suffix.spec:  # vLLM's suffix decoding (eval.baselines): a tree per decode, nothing to load
+        return Suffix()
     if is_ngram_spec(path):  # training-free: nothing to load (eval.baselines)
         try:
             return parse_ngram(path, key=f"eval draft {name!r}")
@@ -251,6 +255,8 @@ def measure_repeat(cfg: EvalConfig, target, drafts: dict, prompts, cells: list[C
         draft = drafts[cell.draft]
         if isinstance(draft, NGram):  # prompt lookup: no model proposes
             return ngram_generate(target, draft, prompt, k=cell.k, **{**common, **kw})
+        if isinstance(draft, Suffix):  # suffix decoding: nor here
+            return suffix_generate(target, prompt, k=cell.k, **{**common, **kw})
         if isinstance(draft, HEAD_KINDS):  # the target's own lean forward hands the head its features
             eagle_kw = {key: value for key, value in {**common, **kw}.items() if key != "backend"}
             if isinstance(draft, Eagle3Head):  # its own draft vocabulary (d2t), not eval.draft_vocab

@@ -312,7 +312,7 @@ def run_serving_ab(settings: ServingSettings, *, target: str, drafts: dict[str, 
 def with_baselines(drafts: dict, settings: ServingSettings) -> dict:
     """`drafts` and the training-free methods of serve.baselines (eval/settings.py with_training_free), served as
     drafts are."""
-    return with_training_free(drafts, settings.baselines, "serve.baselines", on_vllm=True)
+    return with_training_free(drafts, settings.baselines, "serve.baselines")
 
 
 def ab_warnings(cells: list[dict], scheduled: Optional[dict], ab: Optional["_Launched"]) -> list[str]:

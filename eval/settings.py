@@ -57,7 +57,12 @@ class EvalSettings:
     # beside the drafts in the same passes: ngram (prompt lookup, window 2-4) or ngram:MIN-MAX; [] = none
 
     def __post_init__(self):
-        training_free(self.baselines, "eval.baselines")
+        if "suffix" in training_free(self.baselines, "eval.baselines"):
+            from draftsmith.decode.suffix import INSTALL, available
+
+            check(available(), "eval.baselines lists suffix: vLLM's suffix decoding in draftsmith's loop needs "
+                  f"Snowflake's Arctic Inference in this environment: {INSTALL} (a source package; it builds in "
+                  "about a minute), or drop suffix from eval.baselines")
         bad_k = [k for k in self.k if isinstance(k, bool) or not isinstance(k, int) or k < 1]
         check(bool(self.k) and not bad_k, f"eval.k must be a non-empty list of integers >= 1, got {list(self.k)}")
         bad_t = [t for t in self.temperature if not t >= 0]
@@ -75,24 +80,19 @@ class EvalSettings:
               f"eval.draft_vocab must be an integer >= 0 (0 = the draft's full vocabulary), got {self.draft_vocab!r}")
 
 
-def training_free(entries, key: str, *, on_vllm: bool = False) -> dict[str, str]:
+def training_free(entries, key: str) -> dict[str, str]:
     """The training-free methods of `entries` (``eval.baselines`` / ``serve.baselines``; decode/free.py) as
     {name: spec}: "ngram" (the spec string, ``ngram:MIN-MAX``, when several windows are measured) and "suffix"
-    (vLLM's suffix decoding: only where `on_vllm`, the serving A/B; a ConfigError elsewhere); a ConfigError naming
-    `key` for anything else. These names stand beside the drafts' in metrics.json and serving.json."""
+    (vLLM's suffix decoding); a ConfigError naming `key` for anything else. These names stand beside the drafts' in
+    metrics.json and serving.json."""
     from draftsmith.artifacts.errors import ConfigError
-    from draftsmith.decode.free import SUFFIX, canonical, is_free_spec, is_suffix_spec
+    from draftsmith.decode.free import SUFFIX, canonical, is_free_spec
 
     specs = []
     for entry in entries:
-        if is_suffix_spec(entry) and not on_vllm:
-            raise ConfigError(f"{key}: suffix decoding runs on vLLM only (draftsmith's loop has no suffix trees): "
-                              "list it in serve.baselines, where the serving A/B measures it beside the drafts; "
-                              "here use ngram")
         if not is_free_spec(entry):
             raise ConfigError(f"{key}={list(entries)}: {entry!r} is not a training-free method; give ngram (prompt "
-                              f"lookup) or ngram:MIN-MAX{', or suffix' if on_vllm else ''}, or [] "
-                              "for none")
+                              "lookup) or ngram:MIN-MAX, suffix (vLLM's suffix decoding), or [] for none")
         try:
             specs.append(canonical(entry, key=key))
         except ValueError as exc:
@@ -102,13 +102,13 @@ def training_free(entries, key: str, *, on_vllm: bool = False) -> dict[str, str]
     return {(spec if spec == SUFFIX or len(ngrams) > 1 else "ngram"): spec for spec in specs}
 
 
-def with_training_free(drafts: dict, entries, key: str, *, on_vllm: bool = False) -> dict:
+def with_training_free(drafts: dict, entries, key: str) -> dict:
     """`drafts` (name -> folder or spec) and the training-free methods of `entries` (:func:`training_free`), each
     measured as drafts are. A method a draft already is (the registry's production version "no draft needed",
     measured as ``production``) is not measured twice; a draft named like a method is a ConfigError naming `key`."""
     from draftsmith.artifacts.errors import ConfigError
 
-    free = training_free(entries, key, on_vllm=on_vllm)
+    free = training_free(entries, key)
     clash = sorted(free.keys() & drafts.keys())
     if clash:
         raise ConfigError(f"the drafts are named {clash}, which {key} uses for a training-free method: rename the "
@@ -187,7 +187,7 @@ class ServingSettings(ServerSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        training_free(self.baselines, "serve.baselines", on_vllm=True)
+        training_free(self.baselines, "serve.baselines")
         check_choice("serve.engine", self.engine, ("none", "vllm", "auto"))
         bad_c = [c for c in self.concurrency if isinstance(c, bool) or not isinstance(c, int) or c < 1]
         check(bool(self.concurrency) and not bad_c,

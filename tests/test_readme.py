@@ -59,6 +59,9 @@ COVERED = {
     "datasets==5.1.0": ".ci/run (installs speculators this way; tests/test_eagle3_vllm.py then loads a head with it)",
     ".venv-vllm/bin/pip install --no-deps arctic-inference==0.3.0":
         ".ci/run (installs Arctic Inference this way; tests/test_serving_vllm.py then serves suffix decoding with it)",
+    "pip install --no-deps arctic-inference==0.3.0":
+        ".ci/run (installs Arctic Inference into .venv this way; tests/test_suffix_loop.py then runs suffix decoding in "
+        "draftsmith's loop)",
     "python -m vllm.entrypoints.openai.api_server --model OUT/train/draft":
         "tests/test_eagle3_vllm.py::test_vllm_serves_the_head_folder_alone (real vLLM, slow)",
     "draftsmith serve.engine=vllm serve.concurrency=[1,4,16]":

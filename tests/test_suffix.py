@@ -1,7 +1,7 @@
 """vLLM's suffix decoding as a training-free rival (decode/free.py): its spec string, its vLLM config, the settings
-that take it (serve.baselines) and refuse it (eval.baselines), the start-up check for Arctic Inference, and the
-serving A/B serving it beside a draft through the fake vLLM (tests/serving_fakes.py). The real engine:
-tests/test_serving_vllm.py (slow)."""
+that take it (serve.baselines, eval.baselines where Arctic Inference imports), the start-up check for Arctic
+Inference, and the serving A/B serving it beside a draft through the fake vLLM (tests/serving_fakes.py). In
+draftsmith's loop: tests/test_suffix_loop.py; the real engine: tests/test_serving_vllm.py (slow)."""
 
 import json
 import sys
@@ -39,19 +39,27 @@ def test_vllm_serves_suffix_decoding_with_its_own_config_and_a_k_schedule():
     assert speculative_config("ngram", 2)["method"] == "ngram"  # prompt lookup's unchanged
 
 
-def test_serve_baselines_take_suffix_and_eval_baselines_say_where_it_is_measured():
-    assert training_free(["ngram", "suffix"], "serve.baselines", on_vllm=True) == {"ngram": free.canonical("ngram"),
+def test_serve_and_eval_baselines_take_suffix():
+    assert training_free(["ngram", "suffix"], "serve.baselines") == {"ngram": free.canonical("ngram"),
                                                                                    "suffix": "suffix"}
-    assert training_free(["suffix", "suffix"], "serve.baselines", on_vllm=True) == {"suffix": "suffix"}
-    assert set(training_free(["ngram:1-3", "ngram:2-4", "suffix"], "serve.baselines", on_vllm=True)) == \
+    assert training_free(["suffix", "suffix"], "serve.baselines") == {"suffix": "suffix"}
+    assert set(training_free(["ngram:1-3", "ngram:2-4", "suffix"], "serve.baselines")) == \
         {"ngram:1-3", "ngram:2-4", "suffix"}  # several windows keep their spec names; suffix keeps its own
     assert ServingSettings(baselines=["suffix"]).baselines == ["suffix"]
-    with pytest.raises(ConfigError, match=r"eval.baselines: suffix decoding runs on vLLM only.*serve.baselines"):
-        EvalSettings(baselines=["ngram", "suffix"])
-    with pytest.raises(ConfigError, match="or suffix"):
+    with pytest.raises(ConfigError, match=r"suffix \(vLLM.s suffix decoding\)"):
         ServingSettings(baselines=["suffx"])
-    drafts = with_training_free({"trained": "/d"}, ["suffix"], "serve.baselines", on_vllm=True)
+    drafts = with_training_free({"trained": "/d"}, ["suffix"], "serve.baselines")
     assert drafts == {"trained": "/d", "suffix": "suffix"} and Roles.of(drafts).free == ("suffix",)
+
+
+def test_eval_baselines_with_suffix_need_arctic_inference_here(monkeypatch):
+    from draftsmith.decode import suffix
+
+    monkeypatch.setattr(suffix, "available", lambda: False)
+    with pytest.raises(ConfigError, match=r"eval.baselines lists suffix.*pip install --no-deps arctic-inference"):
+        EvalSettings(baselines=["ngram", "suffix"])
+    monkeypatch.setattr(suffix, "available", lambda: True)
+    assert EvalSettings(baselines=["ngram", "suffix"]).baselines == ["ngram", "suffix"]
 
 
 def interpreter(tmp_path, imports: bool):
