@@ -17,7 +17,8 @@ An EAGLE head (decode/eagle.py) is timed as its decode runs it: one slot per dra
 scored by the target's head (on the draft vocabulary when given), with the target on the lean forward keeping
 its features (what :func:`~draftsmith.decode.loop.eagle_generate` asks of it); an EAGLE-3 head (decode/eagle3.py)
 likewise, over its own draft vocabulary, the target keeping its three layers' streams. N-gram prompt lookup
-(decode/ngram.py) has no forward: its c is the lookup's time over a text of the context's length.
+(decode/ngram.py) has no forward: its c is the lookup's time over a text of the context's length; suffix
+decoding's (decode/suffix.py) is its tree's, grown from the context.
 """
 
 from __future__ import annotations
@@ -91,15 +92,34 @@ class _LookupSteps:
         return self.text.new_zeros((keep, 1), dtype=torch.float32)
 
 
+class _SuffixSteps(_LookupSteps):
+    """vLLM's suffix decoding (decode/suffix.py) called as a :class:`Runner`, as :class:`_LookupSteps` is: the first
+    forward's tokens start the request's tree, each later one adds its tokens and asks the tree for a proposal, as a
+    round of :func:`~draftsmith.decode.loop.suffix_generate` does once."""
+
+    def __init__(self):
+        super().__init__(None)
+
+    def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        from draftsmith.decode.suffix import SuffixTree
+
+        if self.ngram is None:  # the context so far is the request's prompt
+            self.ngram = SuffixTree(input_ids[0].tolist())
+        return super().forward(input_ids, keep)
+
+
 def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | None) -> tuple[Runner, Runner]:
     """The target's and the draft's runners as the decode runs them (an EAGLE head: eagle_generate's; an EAGLE-3
     head: eagle3_generate's, the target keeping its three layers' streams; n-gram lookup: ngram_generate's)."""
     from draftsmith.decode.eagle import EagleHead
     from draftsmith.decode.eagle3 import Eagle3Head
     from draftsmith.decode.ngram import NGram
+    from draftsmith.decode.suffix import Suffix
 
     if isinstance(draft, NGram):
         return make_runner(target, backend, capacity), _LookupSteps(draft)
+    if isinstance(draft, Suffix):
+        return make_runner(target, backend, capacity), _SuffixSteps()
     if isinstance(draft, Eagle3Head):
         from draftsmith.decode.lean import LeanModel
 

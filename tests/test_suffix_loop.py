@@ -70,3 +70,16 @@ def test_sampling_follows_the_target(temperature, top_k, top_p, k):
                                                               temperature=temperature, top_k=top_k, top_p=top_p,
                                                               generator=g), n=1500, seed=0)
     assert chi_square_p(wrong, exact) < 1e-6
+
+
+def test_its_in_loop_cost_is_timed_as_its_rounds_ask_the_tree():
+    """eval's cost ratios (decode/timing.py) for suffix decoding: no forward, the tree's proposal over the context."""
+    from conftest import prompts
+    from draftsmith.decode.suffix import Suffix
+    from draftsmith.decode.timing import cost_ratios
+
+    target = make_model("llama", seed=0, layers=2)
+    context = prompts(1, seed=2, min_len=8, max_len=8)[0]
+    costs = cost_ratios(target, Suffix(), context, [1, 2], repeats=2)
+    assert costs["target_step_s"] > 0 and all(costs["c"][k] >= 0 and costs["c_v"][k] > 0 for k in (1, 2))
+    assert costs["c"][2] < 0.5  # a lookup in a tree, not a model's forward
