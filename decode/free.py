@@ -54,6 +54,8 @@ def vllm_config(text: str, k: int) -> dict:
 
 
 def recordable(text: str) -> bool:
-    """Whether promotion may record the method as a registry version ("no draft needed"): any training-free method,
-    once the batch-1 eval has measured it too (draftsmith's loop runs both: decode/ngram.py, decode/suffix.py)."""
-    return is_free_spec(text)
+    """Whether promotion may record the method as a registry version ("no draft needed"): prompt lookup. Suffix
+    decoding is measured (batch 1 and vLLM) and may refuse a draft, but is not recorded: the configuration it is
+    measured in (no tree of past responses, for the A/B's replayed prompts: :func:`vllm_config`) is not the one a
+    team would serve, and a version serving it would need Arctic Inference wherever it is measured again."""
+    return is_ngram_spec(text)

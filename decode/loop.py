@@ -18,8 +18,8 @@ Sequence bookkeeping, for a sequence of n tokens at the start of a round (prompt
 
 One loop (``_speculate``) runs every round; what proposes the drafts is a proposer: ``_DraftModel`` (a draft
 model's cached runner, :func:`speculative_generate`), ``_Eagle`` (an EAGLE-1 head fed the target's features,
-:func:`eagle_generate`) ``_Eagle3`` (an EAGLE-3 head fed three of its layers, :func:`eagle3_generate`) or ``_NGram`` (prompt lookup, no
-model at all: :func:`ngram_generate`). A proposer is told when the target's prefill ran (``prefilled``), says how
+:func:`eagle_generate`) ``_Eagle3`` (an EAGLE-3 head fed three of its layers, :func:`eagle3_generate`) ``_NGram`` (prompt lookup, no
+model at all: :func:`ngram_generate`) or ``_Suffix`` (vLLM's suffix decoding: :func:`suffix_generate`). A proposer is told when the target's prefill ran (``prefilled``), says how
 many tokens it proposes in a round (``plan``: at most K; the n-gram proposer may have fewer, or none), gives the
 logits of each proposal (``step``), and is told what verification kept (``verified``).
 """

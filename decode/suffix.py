@@ -67,12 +67,13 @@ class SuffixTree:
     def propose(self, text: "torch.Tensor", k: int) -> "torch.Tensor":
         import torch
 
-        tokens = text.tolist()
-        if len(tokens) > self.known:
-            self.cache.add_active_response(0, tokens[self.known:])
-            self.known = len(tokens)
+        n = text.shape[0]
+        if n > self.known:  # the tokens written since the last round (vLLM: the step's sampled ids)
+            self.cache.add_active_response(0, text[self.known:].tolist())
+            self.known = n
         if k <= 0:
             return torch.zeros(0, dtype=torch.long)
-        draft = self.cache.speculate(0, tokens[-DEPTH:], max_spec_tokens=k, max_spec_factor=SPEC_FACTOR,
+        # vLLM caps max_spec_tokens by the model length only; the loop's k is K, or fewer at the decode's end
+        draft = self.cache.speculate(0, text[-DEPTH:].tolist(), max_spec_tokens=k, max_spec_factor=SPEC_FACTOR,
                                      min_token_prob=MIN_TOKEN_PROB)
         return torch.tensor(list(draft.token_ids)[:k], dtype=torch.long)

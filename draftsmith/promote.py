@@ -30,10 +30,10 @@ champion is then compared at the same concurrency: the draft the serving A/B mea
 serving settings), else the candidate is refused. The version stores serving.json, the K per
 concurrency band (``k_by_concurrency``) and the winning K in speculative_config.json.
 
-No draft needed: when the trained draft is refused and the fastest training-free method measured beside it — of
-those the batch-1 eval measured too (eval.baselines / serve.baselines: n-gram prompt lookup, vLLM's suffix decoding)
-— clears the same gates on the same basis — the speedup bar and the production champion — that method is registered
-instead (``promote.record_free``; registry.py: a version
+No draft needed: when the trained draft is refused and the fastest training-free method measured beside it that the
+registry records (eval.baselines / serve.baselines: n-gram prompt lookup; vLLM's suffix decoding may refuse the draft
+but is not recorded: decode/free.py recordable) clears the same gates on the same basis — the speedup bar and the
+production champion — that method is registered instead (``promote.record_free``; registry.py: a version
 with no draft folder, speculative_config.json ``method: ngram`` with the K, or K schedule, measured for it).
 promotion.json keeps the draft's verdict and says what was recorded under ``no_draft_needed``.
 
@@ -52,7 +52,7 @@ from pathlib import Path
 
 from draftsmith.config import DraftsmithConfig
 from draftsmith.decode.free import recordable
-from draftsmith.eval.settings import ServingSettings, training_free
+from draftsmith.eval.settings import ServingSettings
 from draftsmith.registry import LocalRegistry, RegistryTransaction, fingerprint, same_target, target_identity
 from draftsmith.registry import RegistryError, is_free, target_mismatch
 from draftsmith.eval.gates import PROMOTED, REFUSED, decide
@@ -118,9 +118,8 @@ def promote(cfg: DraftsmithConfig, out_dir: Path, registry: LocalRegistry, run=N
                           else _eval_difference(metrics, name, candidate, champion))
         rivals = (_serving_rivals(serving, name, candidate, info["concurrency"]) if info
                   else _eval_rivals(metrics, name, candidate))
-        free = _best_free(rivals)  # the gate weighs the fastest; the fastest the batch-1 eval measured too is what
-        at_batch1 = set(training_free(metrics.config.get("baselines") or [], "eval.baselines").values())  # is recorded
-        to_record = _best_free([r for r in rivals if recordable(r["spec"]) and r["spec"] in at_batch1]) or free
+        free = _best_free(rivals)  # the gate weighs the fastest; the fastest the registry records is judged for
+        to_record = _best_free([r for r in rivals if recordable(r["spec"])])  # "no draft needed" (prompt lookup)
         record = _decide(candidate, gates, champion, label, difference, free)
         record.update(base, compared_with=compared)
         if not info and (metrics.repeats or {}).get("stopped") == DECIDED_ON_SERVING:
@@ -178,6 +177,8 @@ def _no_draft_needed(cfg: DraftsmithConfig, tx: RegistryTransaction, registry: L
     same basis and against the same champion, and registered when it passes: promotion.json's ``no_draft_needed``
     {"name", "spec", "decision", "reasons", "checks", "registry"}. `record` (the draft's verdict) gets the
     registry entry and a reason line when a version is recorded."""
+    from draftsmith.eval.settings import training_free
+
     p, (champion, label, compared) = cfg.promote, settled
     name, spec = free["name"], free["spec"]
     out = {"name": name, "spec": spec, "decision": None, "reasons": [], "checks": [], "registry": None,
@@ -279,6 +280,8 @@ def _may_pay(ci) -> bool:
 def _eval_rivals(metrics: EvalMetrics, name: str, candidate: dict) -> list[dict]:
     """The training-free methods of the batch-1 eval (eval.baselines) beside the candidate, each with the paired
     interval of candidate - it at their chosen K (the best of them is eval/gates.py decide's `free`)."""
+    from draftsmith.eval.settings import training_free
+
     rivals = []
     for free, spec in training_free(metrics.config.get("baselines") or [], "eval.baselines").items():
         summary = metrics.summary.get(free)

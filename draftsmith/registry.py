@@ -13,11 +13,10 @@ Local layout (``root`` is ``registry.root`` in the config)::
     root/<name>/aliases.json                {"production": N, "staging": M}
     root/<name>/.lock                       taken around every change
 
-A version may also record a training-free method (decode/free.py: prompt lookup, ``ngram:MIN-MAX``; vLLM's suffix
-decoding, ``suffix``) instead of a draft: "no draft needed", the answer when such a method beat the trained draft and
-cleared the gates. It has no ``draft/`` folder; version.json's ``training_free`` is the method's spec string (None
-for a draft), and speculative_config.json is vLLM's ``method: ngram`` (or ``suffix``) config with the measured K (or
-K schedule).
+A version may also record a training-free method (decode/ngram.py's prompt lookup, ``ngram:MIN-MAX``) instead of a
+draft: "no draft needed", the answer when such a method beat the trained draft and cleared the gates. It has no
+``draft/`` folder; version.json's ``training_free`` is the method's spec string (None for a draft), and
+speculative_config.json is vLLM's ``method: ngram`` config with the measured K (or K schedule).
 :func:`served_draft` says what any version serves: its folder, or that spec string.
 
 Rules: versions are never overwritten or deleted (a new version is written to a temporary
@@ -79,8 +78,8 @@ class RegistryError(UserError, RuntimeError):
 
 def is_free(draft: str | Path | None) -> bool:
     """Whether `draft` is the spec string of a training-free method the registry records (decode/free.py
-    ``recordable``: prompt lookup, ``ngram:MIN-MAX``; suffix decoding, ``suffix``); a Path never is (a folder named
-    ``ngram`` is a folder)."""
+    ``recordable``: prompt lookup, ``ngram:MIN-MAX``; not suffix decoding); a Path never is (a folder named ``ngram``
+    is a folder)."""
     from draftsmith.decode.free import recordable
 
     return isinstance(draft, str) and recordable(draft)
@@ -445,10 +444,10 @@ def _draft(draft: str | Path) -> str | Path:
     """A training-free method's canonical spec string, or the model directory `draft` (RegistryError unless it
     has a config.json)."""
     if is_free(draft):
-        from draftsmith.decode.free import canonical
+        from draftsmith.decode.ngram import parse_ngram
 
         try:
-            return canonical(str(draft))
+            return parse_ngram(str(draft)).spec
         except ValueError as exc:
             raise RegistryError(f"{draft!r} is not a training-free method the registry can record ({exc})") from None
     draft_dir = Path(draft)

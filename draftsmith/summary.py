@@ -105,6 +105,9 @@ def format_summary(summary: dict) -> str:
         if any(name.startswith("ngram") for name in summary["drafts"]):
             lines.append("  ngram: prompt lookup, speculation with nothing to train (eval.baselines): a trained draft "
                          "must beat it to be worth serving")
+        if "suffix" in summary["drafts"]:
+            lines.append("  suffix: vLLM's suffix decoding (Arctic Inference's suffix tree), speculation with nothing "
+                         "to train (eval.baselines): a trained draft must beat it to be worth serving")
         forwards = sorted({f"target {b['target']} / draft {b['draft']}"
                            for b in (s.get("backend") for s in summary["drafts"].values()) if b})
         if forwards:

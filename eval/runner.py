@@ -17,8 +17,9 @@ runs in :func:`~draftsmith.decode.loop.eagle_generate`, an EAGLE-3 folder (decod
 ``method.finetune=eagle3``) in :func:`~draftsmith.decode.loop.eagle3_generate` over its own draft vocabulary, in
 the same cells and passes as draft models, their costs timed as those loops run them; HF assisted generation has
 no EAGLE mode, so their cells have no HF A/B. A training-free proposer (``eval.baselines``: n-gram prompt lookup,
-decode/ngram.py, the spec string ``ngram:MIN-MAX`` in place of a folder) runs in
-:func:`~draftsmith.decode.loop.ngram_generate` in the same passes: the figure a trained draft must beat.
+decode/ngram.py, the spec string ``ngram:MIN-MAX`` in place of a folder; vLLM's suffix decoding, decode/suffix.py,
+``suffix``) runs in :func:`~draftsmith.decode.loop.ngram_generate` / ``suffix_generate`` in the same passes: the
+figure a trained draft must beat.
 
 Writes ``metrics.json`` (schema in :func:`run`'s docstring), ``report.md`` and PNG plots to
 ``cfg.out_dir`` atomically.

@@ -54,7 +54,8 @@ class EvalSettings:
     draft_vocab: int = 0  # > 0: every draft proposes only the N tokens the target says most often in the datagen
     # train split (its head computes N rows instead of the whole vocabulary: decode/vocab.py); 0 = full vocabulary
     baselines: list[str] = field(default_factory=lambda: ["ngram"])  # speculation with nothing to train, measured
-    # beside the drafts in the same passes: ngram (prompt lookup, window 2-4) or ngram:MIN-MAX; [] = none
+    # beside the drafts in the same passes: ngram (prompt lookup, window 2-4) or ngram:MIN-MAX, suffix (vLLM's suffix
+    # decoding: pip install arctic-inference); [] = none
 
     def __post_init__(self):
         if "suffix" in training_free(self.baselines, "eval.baselines"):

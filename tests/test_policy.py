@@ -142,16 +142,57 @@ def test_the_rival_may_be_recorded_only_when_the_candidate_is_settled_against_it
     assert free_may_be_recorded(champ, with_prod, Contract(at=(1.1,), margin=0.0, free_margin=0.0)) == ("ngram", 3)
 
 
-def test_suffix_decoding_ahead_is_the_rival_worth_a_k_schedule():
-    """Suffix decoding surely ahead of the draft settles its refusal, and it is the method whose K schedule is worth
-    measuring for "no draft needed" (recordable, as prompt lookup is), when it may pay."""
+def test_suffix_decoding_may_refuse_the_draft_but_only_prompt_lookup_is_measured_to_be_recorded():
+    """Suffix decoding (vLLM only, never recorded) surely ahead of the draft settles its refusal; the method whose
+    K schedule is worth measuring for "no draft needed" is then prompt lookup, when it may pay — never suffix."""
     view = Hand({"trained": (2, [2]), "ngram": (2, [2]), "suffix": (2, [2])},
                 {("trained", 2): (1.3, [1.15, 1.45]), ("ngram", 2): (1.25, [1.1, 1.4]), ("suffix", 2): (1.8, [1.6, 2.0])},
                 {(("trained", 2), ("suffix", 2)): [-0.7, -0.3], (("trained", 2), ("ngram", 2)): [-0.1, 0.2]})
     roles = Roles.of({"trained": "/d", "ngram": "ngram:2-4", "suffix": "suffix"})
-    assert roles.free == roles.recordable == ("ngram", "suffix")
+    assert roles.free == ("ngram", "suffix") and roles.recordable == ("ngram",)
     contract = Contract(at=(1.1,), free_margin=0.0)
-    assert free_may_be_recorded(view, roles, contract) == ("suffix", 2)
-    view.cells[("suffix", 2)] = (0.9, [0.8, 0.95])  # suffix does not pay: lookup is the fastest that may
-    view.differences[(("trained", 2), ("ngram", 2))] = [-0.3, -0.1]
-    assert free_may_be_recorded(view, roles, contract) == ("ngram", 2)
+    assert free_may_be_recorded(view, roles, contract) == ("ngram", 2)  # refused against suffix; lookup may pay
+    view.cells[("ngram", 2)] = (0.9, [0.8, 0.95])  # lookup does not pay: nothing worth recording
+    assert free_may_be_recorded(view, roles, contract) is None
+    only_suffix = Roles.of({"trained": "/d", "suffix": "suffix"})
+    assert only_suffix.recordable == () and free_may_be_recorded(view, only_suffix, contract) is None
+
+
+def test_the_contract_from_promote_settings():
+    from draftsmith.config import PromoteConfig
+
+    p = PromoteConfig(min_speedup=1.2, champion_margin=0.05, free_margin=0.01, serving_concurrency=8, k_schedule=False)
+    c = Contract.of(p, production=True, free=True)
+    assert c == Contract(at=(1.2,), margin=0.05, free_margin=0.01, concurrency=8, schedule=False)
+    assert Contract.of(p, production=False, free=False) == Contract(at=(1.2,), concurrency=8, schedule=False)
+    assert c.at_batch1() == Contract(at=(1.2,), margin=0.05, free_margin=0.01)
+
+
+def test_a_production_version_that_is_a_training_free_method_is_the_champion_not_a_rival():
+    """The registry's production may record prompt lookup ("no draft needed"): measured as "production" by its
+    spec string, it plays the champion; eval/serve baselines naming the same method are not measured twice."""
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.eval.settings import with_training_free
+
+    drafts = {"trained": "/runs/a/train/draft", "production": "ngram:2-4"}
+    merged = with_training_free(drafts, ["ngram"], "serve.baselines")
+    assert merged == drafts  # the same window: measured once, as production
+    assert with_training_free(drafts, ["ngram:1-3"], "serve.baselines")["ngram"] == "ngram:1-3"
+    roles = Roles.of(with_training_free(drafts, ["ngram:1-3"], "eval.baselines"))
+    assert (roles.candidate, roles.production, roles.free) == ("trained", "production", ("ngram",))
+    assert Roles.of(merged).free == ()
+    with pytest.raises(ConfigError, match="eval.baselines"):
+        with_training_free({"ngram": "/a/draft"}, ["ngram"], "eval.baselines")
+
+
+def test_the_serving_ab_drives_every_lookup_server_as_one_even_production(tmp_path):
+    """A production version that is prompt lookup plays the champion, yet its server is still a lookup server: a
+    level where lookup finds no repeat drafts nothing there, which is no error (eval/serving.py _drive)."""
+    from draftsmith.eval.serving import _Launched
+    from draftsmith.eval.settings import ServingSettings
+
+    drafts = {"trained": str(tmp_path / "draft"), "production": "ngram:2-4", "ngram": "ngram:1-3"}
+    ab = _Launched(ServingSettings(engine="vllm"), target="t", drafts=drafts, k=[2], prompts=[[1, 2]], out=tmp_path,
+                   dtype="float32", reference=None, decide=None, device="cpu", log=print)
+    assert ab.lookup == {"production", "ngram"}
+    assert Roles.of(drafts).free == ("ngram",)

@@ -470,11 +470,16 @@ def test_no_draft_needed_finds_the_methods_batch_1_record_by_its_spec(job):
     assert job["reg"].find("demo", "production")["training_free"] == "ngram:2-4"
 
 
-def test_suffix_decoding_ahead_refuses_the_draft_and_the_fastest_method_measured_at_batch_1_is_recorded(job):
-    """serve.baselines=[ngram, suffix], eval.baselines=[ngram]: suffix decoding, the fastest, refuses the draft
-    through the training_free gate; "no draft needed" then judges prompt lookup (measured at batch 1 too), not
-    suffix; with suffix measured at batch 1 as well, suffix is what gets recorded."""
+def test_suffix_decoding_ahead_refuses_the_draft_and_prompt_lookup_is_what_gets_recorded(job):
+    """serve.baselines=[ngram, suffix]: suffix decoding, the fastest, refuses the draft through the training_free
+    gate; "no draft needed" then judges prompt lookup (the registry records it), never suffix — not even where the
+    batch-1 eval measured suffix too; with suffix alone nothing is recorded."""
     with_lookup_in_the_eval(job["out"], summary_entry(1.8))
+    path = job["out"] / "eval" / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["config"]["baselines"] = ["ngram", "suffix"]
+    metrics["summary"]["suffix"] = summary_entry(2.0)
+    path.write_text(json.dumps(metrics))
     suffix = {key: s + 0.3 for key, s in LOOKUP.items()}
     fake_serving(job["out"], {"trained": job["draft"], "ngram": "ngram:2-4", "suffix": "suffix"},
                  {"trained": TABLE, "ngram": LOOKUP, "suffix": suffix})
@@ -486,17 +491,9 @@ def test_suffix_decoding_ahead_refuses_the_draft_and_the_fastest_method_measured
     assert job["reg"].find("demo", "production")["training_free"] == "ngram:2-4"
 
 
-def test_suffix_decoding_measured_at_batch_1_too_is_recorded_with_vllms_suffix_config(job):
-    path = job["out"] / "eval" / "metrics.json"
-    metrics = json.loads(path.read_text())
-    metrics["config"]["baselines"] = ["suffix"]
-    metrics["summary"]["suffix"] = summary_entry(1.8)
-    path.write_text(json.dumps(metrics))
+def test_suffix_decoding_alone_refuses_the_draft_and_records_nothing(job):
     fake_serving(job["out"], {"trained": job["draft"], "suffix": "suffix"},
                  {"trained": TABLE, "suffix": {key: s + 0.3 for key, s in LOOKUP.items()}})
     record = promote(at(4), job["out"], job["reg"])
-    assert record["decision"] == "refused" and record["no_draft_needed"]["decision"] == "promoted"
-    version = job["reg"].find("demo", "production")
-    assert version["training_free"] == "suffix"
-    config = json.loads((job["reg"].path("demo", version["version"]) / "speculative_config.json").read_text())
-    assert config["method"] == "suffix" and config["suffix_decoding_max_cached_requests"] == 0
+    assert record["decision"] == "refused" and record["training_free"]["name"] == "suffix"
+    assert "no_draft_needed" not in record and job["reg"].find("demo", "production") is None
