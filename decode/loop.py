@@ -291,14 +291,10 @@ def suffix_generate(
     """
     from draftsmith.decode.suffix import SuffixTree
 
-    check_sampling_args(temperature, top_p, top_k)
-    _check_k(k)
-    prompt = _prepare_prompt(input_ids, attention_mask)
-    tree = SuffixTree(prompt[0].tolist())
-    tgt = make_runner(target, backend, prompt.shape[1] + max(max_new_tokens, 0) + k + 1)
-    return _speculate(tgt, _Suffix(tree, logit_width(target)), input_ids, prompt, k=k, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
-                      generator=generator)
+    return _without_model(target, lambda prompt: _Suffix(SuffixTree(prompt[0].tolist()), logit_width(target)),
+                          input_ids, attention_mask, k=k, max_new_tokens=max_new_tokens, backend=backend,
+                          temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                          generator=generator)
 
 
 @torch.inference_mode()
@@ -325,13 +321,20 @@ def ngram_generate(
     whose text has no earlier match proposes nothing and costs one plain target step. ``stats.draft_backend`` is
     "ngram"; ``stats.draft_forwards`` is 0.
     """
-    check_sampling_args(temperature, top_p, top_k)
+    return _without_model(target, lambda prompt: _NGram(ngram, logit_width(target)), input_ids, attention_mask,
+                          k=k, max_new_tokens=max_new_tokens, backend=backend, temperature=temperature, top_p=top_p,
+                          top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+
+
+def _without_model(target, proposer, input_ids, attention_mask, *, k: int, max_new_tokens: int, backend: str,
+                   **sampling) -> GenerateOutput:
+    """:func:`_speculate` with the target's cached runner and a proposer that runs no model, `proposer(prompt)`
+    (prompt [1, P]): what :func:`ngram_generate` and :func:`suffix_generate` share."""
+    check_sampling_args(sampling["temperature"], sampling["top_p"], sampling["top_k"])
     _check_k(k)
     prompt = _prepare_prompt(input_ids, attention_mask)
     tgt = make_runner(target, backend, prompt.shape[1] + max(max_new_tokens, 0) + k + 1)
-    return _speculate(tgt, _NGram(ngram, logit_width(target)), input_ids, prompt, k=k, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
-                      generator=generator)
+    return _speculate(tgt, proposer(prompt), input_ids, prompt, k=k, max_new_tokens=max_new_tokens, **sampling)
 
 
 def _with_head(target, proposer, input_ids, attention_mask, *, k: int, max_new_tokens: int, **sampling):

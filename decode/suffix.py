@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from draftsmith.decode.free import SUFFIX
+
 if TYPE_CHECKING:  # no torch at import: the config schemas read the spec strings
     import torch
 
@@ -27,13 +29,12 @@ MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
 INSTALL = "pip install --no-deps arctic-inference==0.3.0"
 
 
-def suffix_cache_class(key: str = "suffix decoding"):
-    """Arctic Inference's ``SuffixDecodingCache``; an ImportError naming `key` with the install line when it is not
-    installed."""
+def suffix_cache_class():
+    """Arctic Inference's ``SuffixDecodingCache``; an ImportError with the install line when it is not installed."""
     try:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
     except ImportError as exc:
-        raise ImportError(f"{key}: suffix decoding needs Snowflake's Arctic Inference, which does not import here "
+        raise ImportError(f"suffix decoding needs Snowflake's Arctic Inference, which does not import here "
                           f"({exc}): {INSTALL} (a source package; it builds in about a minute)") from None
     return SuffixDecodingCache
 
@@ -52,7 +53,7 @@ class Suffix:
     """The method as the batch-1 eval holds it where a draft would be (spec string ``suffix``, decode/free.py): its
     settings are vLLM's defaults (module docstring); each decode grows its own :class:`SuffixTree`."""
 
-    spec: str = "suffix"
+    spec: str = SUFFIX
 
 
 class SuffixTree:
@@ -76,4 +77,4 @@ class SuffixTree:
         # vLLM caps max_spec_tokens by the model length only; the loop's k is K, or fewer at the decode's end
         draft = self.cache.speculate(0, text[-DEPTH:].tolist(), max_spec_tokens=k, max_spec_factor=SPEC_FACTOR,
                                      min_token_prob=MIN_TOKEN_PROB)
-        return torch.tensor(list(draft.token_ids)[:k], dtype=torch.long)
+        return torch.tensor(list(draft.token_ids), dtype=torch.long)

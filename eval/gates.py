@@ -53,7 +53,7 @@ def decide(candidate: dict, gates: Gates, champion: dict | None = None, champion
             by side in this run (eval/intervals.py difference_ci); None: the champion's figure is a recorded one,
             and the candidate's own interval is compared with champion speedup + margin.
         free: the best training-free method measured beside the candidate on the same basis (n-gram prompt lookup:
-            eval.baselines / serve.baselines; vLLM's suffix decoding: serve.baselines), {"name", "best_k", "pays" (False: its speedup's interval is wholly
+            eval.baselines / serve.baselines; or vLLM's suffix decoding), {"name", "best_k", "pays" (False: its speedup's interval is wholly
             at or below 1 there), "speedup", "speedup_ci95", "difference_ci95" (candidate - it, paired; None when it
             does not pay or has no timings)}, or None (none measured): the "training_free" gate asks whether the draft beats it by more
             than ``free_margin`` on the interval of their difference, so that "no draft needed" is an answer.

@@ -39,6 +39,7 @@ from draftsmith.decode import (autoregressive_generate, eagle3_generate, eagle_g
 from draftsmith.decode.eagle import EagleHead, is_eagle_dir, load_eagle
 from draftsmith.decode.eagle3 import Eagle3Head, is_eagle3_dir, load_eagle3
 from draftsmith.decode.ngram import NGram, is_ngram_spec, parse_ngram
+from draftsmith.decode.free import is_suffix_spec
 from draftsmith.decode.suffix import Suffix
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
@@ -162,7 +163,7 @@ def load_draft(path: str, name: str, target, tokenizer, cfg: EvalConfig):
     embedding (EAGLE-1: and its head) and needs the target
     on the lean forward (Llama family; decode.backend not hf); the tokenizer saved beside it, when there is one
     (the train stage saves the target's), must be the target's."""
-    if path == Suffix.spec:  # vLLM's suffix decoding (eval.baselines): a tree per decode, nothing to load
+    if is_suffix_spec(path):  # vLLM's suffix decoding (eval.baselines): a tree per decode, nothing to load
         return Suffix()
     if is_ngram_spec(path):  # training-free: nothing to load (eval.baselines)
         try:

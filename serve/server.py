@@ -79,20 +79,29 @@ def probe_vllm(python: str | None = None, timeout_s: float = 180.0) -> dict:
     python = vllm_python(python)
     code = ("import json, vllm; from vllm.platforms import current_platform as p; "
             "print(json.dumps({'version': vllm.__version__, 'device': p.device_type}))")
+    stdout, reason = _run_python(python, code, "import vllm", timeout_s)
+    if reason is not None:
+        return {"ok": False, "reason": reason}
+    try:
+        info = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"ok": False, "reason": f"unexpected output: {stdout[-200:]!r}"}
+    return {"ok": True, "reason": None, **info}
+
+
+def _run_python(python: str, code: str, what: str, timeout_s: float) -> tuple[str, Optional[str]]:
+    """(stdout, None) when ``python -c code`` succeeds; ("", why) when it does not: the interpreter is missing, it
+    took over `timeout_s` (`what` names the code in that message), or the last line it wrote to stderr."""
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
-        return {"ok": False, "reason": f"{python} does not exist"}
+        return "", f"{python} does not exist"
     except subprocess.TimeoutExpired:
-        return {"ok": False, "reason": f"`{python} -c 'import vllm'` took over {timeout_s:.0f} s"}
+        return "", f"`{python} -c '{what}'` took over {timeout_s:.0f} s"
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {"ok": False, "reason": lines[-1] if lines else f"exit status {done.returncode}"}
-    try:
-        info = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"ok": False, "reason": f"unexpected output: {done.stdout[-200:]!r}"}
-    return {"ok": True, "reason": None, **info}
+        return "", lines[-1] if lines else f"exit status {done.returncode}"
+    return done.stdout, None
 
 
 def require_vllm(python: str | None = None, key: str = "serve.python", engine_key: str = "serve.engine") -> dict:
@@ -107,26 +116,18 @@ def require_vllm(python: str | None = None, key: str = "serve.python", engine_ke
     return info
 
 
-SUFFIX_HINT = ("pip install --no-deps arctic-inference==0.3.0 with vLLM's pip (a source package: it builds its "
-               "suffix-tree extension in about a minute; docs/serving-ab.md), or drop suffix from {key}")
-
-
 def require_suffix_decoding(python: str | None = None, key: str = "serve.baselines") -> None:
     """vLLM's suffix decoding (decode/free.py) imports Arctic Inference's suffix trees when its server starts:
     a one-line :class:`VllmError` with the install recipe, before any work, when `python` cannot import them."""
+    from draftsmith.decode.suffix import INSTALL
+
     python = vllm_python(python)
-    try:
-        done = subprocess.run([python, "-c", "import arctic_inference.suffix_decoding"], capture_output=True,
-                              text=True, timeout=120)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        reason = str(exc)
-    else:
-        if done.returncode == 0:
-            return
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        reason = lines[-1] if lines else f"exit status {done.returncode}"
-    raise VllmError(f"{key} lists suffix, vLLM's suffix decoding, which needs Arctic Inference: {python} does not "
-                    f"import it ({reason}); {SUFFIX_HINT.format(key=key)}")
+    code = "import arctic_inference.suffix_decoding"
+    _, reason = _run_python(python, code, code, timeout_s=120.0)
+    if reason is not None:
+        raise VllmError(f"{key} lists suffix, vLLM's suffix decoding, which needs Arctic Inference: {python} does not "
+                        f"import it ({reason}); {INSTALL} with vLLM's pip (a source package: it builds its suffix-tree "
+                        f"extension in about a minute; docs/serving-ab.md), or drop suffix from {key}")
 
 
 # -- the server ------------------------------------------------------------------------------------
