@@ -43,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eagle3", help="an EAGLE-3 folder: times eagle3_generate (its own vocabulary; the runner is the "
                     "installed decode/eagle3.py's on both sides: only the loop is compared)")
     ap.add_argument("--draft", help="a draft model: times speculative_generate")
+    ap.add_argument("--ngram", action="store_true", help="times ngram_generate (prompt lookup, window 2-4)")
     ap.add_argument("--data", required=True, help="a datagen output: its held-out prompts, its draft vocabulary")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--prompts", type=int, default=8)
@@ -67,8 +68,8 @@ def decode_of(stats) -> tuple:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if not (args.eagle or args.draft or args.eagle3):
-        raise SystemExit("bench_loop_revision.py: give --eagle DIR, --eagle3 DIR and/or --draft DIR")
+    if not (args.eagle or args.draft or args.eagle3 or args.ngram):
+        raise SystemExit("bench_loop_revision.py: give --eagle DIR, --eagle3 DIR, --draft DIR and/or --ngram")
     old_loop = load_old(args.old)
     target = load_model(args.target, "target", "float32")
     tok = load_tokenizer(args.target, "target")
@@ -91,6 +92,11 @@ def main(argv=None) -> dict:
         sides["draft"] = (lambda mod, p, k: mod.speculative_generate(target, draft, p, k=k,
                                                                      max_new_tokens=args.max_new_tokens,
                                                                      draft_vocab=vocab))
+    if args.ngram:
+        from draftsmith.decode.ngram import DEFAULT
+
+        sides["ngram"] = (lambda mod, p, k: mod.ngram_generate(target, DEFAULT, p, k=k,
+                                                               max_new_tokens=args.max_new_tokens))
     for run in sides.values():  # warm-up
         for mod in (old_loop, new_loop):
             run(mod, prompts[0], args.k[0])
