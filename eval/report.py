@@ -23,8 +23,12 @@ def _plots(metrics: dict, out: Path) -> list[str]:
         s = summary[name]
         rec = next(r for r in records if r["draft"] == name and r["k"] == s["best_k"] and r["temperature"] == s["temperature"])
         xs = [i + 1 + (j - (len(drafts) - 1) / 2) * width for i in range(len(rec["per_position_acceptance"]))]
-        ax.bar(xs, rec["per_position_acceptance"], width=width, label=f"{name} (K={s['best_k']})")
-    ax.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1), title="Per-position acceptance at best K")
+        ys = rec["per_position_acceptance"]
+        cis = rec.get("per_position_acceptance_ci95") or [None] * len(ys)
+        yerr = [[y - ci[0] if ci else 0.0 for y, ci in zip(ys, cis)], [ci[1] - y if ci else 0.0 for y, ci in zip(ys, cis)]]
+        ax.bar(xs, ys, width=width, yerr=yerr, capsize=3, label=f"{name} (K={s['best_k']})")
+    ax.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1),
+           title="Per-position acceptance at best K (95% intervals)")
     ax.legend()
     files.append(_save(fig, out / "per_position_acceptance.png"))
 
@@ -89,7 +93,7 @@ def _vocab_lines(metrics: dict) -> list[str]:
 LEGEND = ("Acceptance rate: accepted / drafted draft tokens. Token acceptance α: accepted / tested draft tokens "
           "(the drafted tokens after a rejection are never tested), the α of the predicted speedup "
           "(1 − α^(K+1)) / ((1 − α)(K·c + c_v)). τ: tokens per verification forward of the target. Speedup: plain / speculative wall "
-          "time on the same prompts.")
+          "time on the same prompts. The intervals (95%) of the speedup and of α resample the prompts, each with its passes.")
 
 
 def _interval_lines(metrics: dict) -> list[str]:
@@ -131,6 +135,11 @@ def _cost_lines(metrics: dict) -> list[str]:
                     "includes the prefill (the same in both), so it sits a little under the in-loop prediction."]
 
 
+def _alpha(entry: dict) -> str:
+    """Token acceptance α with its 95% interval where metrics.json has one: '0.667 [0.628, 0.705]'."""
+    return format_ci(entry["token_acceptance"], entry.get("token_acceptance_ci95"), unit="", digits=3)
+
+
 def write_report(metrics: dict, out: Path) -> None:
     """Write report.md and its plots into `out`."""
     plots = _plots(metrics, out)
@@ -143,7 +152,7 @@ def write_report(metrics: dict, out: Path) -> None:
     for name, s in metrics["summary"].items():
         gm = "—" if s["greedy_match"] is None else f"{s['greedy_match']:.2f}"
         lines.append(f"| {name} | {s['best_k']} | {format_ci(s['speedup'], s.get('speedup_ci95'))} | "
-                     f"{s['acceptance_rate']:.3f} | {s['token_acceptance']:.3f} | {s['mean_accepted_tokens']:.2f} | {gm} |")
+                     f"{s['acceptance_rate']:.3f} | {_alpha(s)} | {s['mean_accepted_tokens']:.2f} | {gm} |")
     lines += ["", LEGEND, "", *_interval_lines(metrics)]
     if metrics["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in metrics["warnings"]]
@@ -153,7 +162,7 @@ def write_report(metrics: dict, out: Path) -> None:
     for r in metrics["records"]:
         hf = r.get("hf_assisted", {}).get("tokens_per_s")
         lines.append(
-            f"| {r['draft']} | {r['k']} | {r['temperature']} | {r['acceptance_rate']:.3f} | {r['token_acceptance']:.3f} | "
+            f"| {r['draft']} | {r['k']} | {r['temperature']} | {r['acceptance_rate']:.3f} | {_alpha(r)} | "
             f"{r['mean_accepted_tokens']:.2f} | {format_ci(r['speedup'], r.get('speedup_ci95'))} | "
             f"{r['predicted_speedup']:.2f} | "
             f"{r['baseline']['tokens_per_s']:.1f} | {r['speculative']['tokens_per_s']:.1f} | "

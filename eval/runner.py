@@ -466,6 +466,7 @@ def run(cfg: EvalConfig) -> dict:
                          "speedup_ci95": best.speedup_ci95, "repeats": best.repeats,
                          "k_choice": {key: choice[key] for key in ("leader", "indistinguishable", "rule")},
                          "acceptance_rate": best.acceptance_rate, "token_acceptance": best.token_acceptance,
+                         "token_acceptance_ci95": best.token_acceptance_ci95,
                          "mean_accepted_tokens": best.mean_accepted_tokens, "greedy_match": best.greedy_match,
                          "backend": entry["backend"]}
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),

@@ -61,6 +61,49 @@ def test_a_cell_carries_its_speedups_interval():
     assert rec.repeats == 2 and rec.speedup_ci95[0] >= 1.0 and rec.speedup_ci95[1] <= 2.2
 
 
+def test_acceptance_intervals_resample_the_prompts_by_hand():
+    """Prompt A: 4 of 5 tested accepted, B: 2 of 3 (test_cell_record_by_hand's runs). Two prompts resample to AA,
+    AB/BA, BB: α 4/5, 6/8, 2/3, and the expanded interval for two units spans them all: [2/3, 4/5]. Per position
+    (A drafted 2, 2, 2 and accepted 2, 1, 1; B drafted 2, 2, 1 and accepted 1, 1, 0) the same way."""
+    from draftsmith.eval.metrics import acceptance_intervals
+
+    a, b = spec_stats([(3, 3), (3, 1)]), spec_stats([(3, 0), (2, 2)])
+    base = [plain_stats(6, 4.0), plain_stats(4, 4.0)]
+    rec = cell_record(3, 0.0, base, [a, b], c=0.1, c_v=1.2, outputs_equal=[True, True])
+    assert rec.token_acceptance_ci95 == [pytest.approx(2 / 3), pytest.approx(4 / 5)]
+    assert rec.per_position_acceptance_ci95 == [[pytest.approx(0.5), pytest.approx(1.0)],
+                                                [pytest.approx(0.5), pytest.approx(0.5)],
+                                                [pytest.approx(0.0), pytest.approx(0.5)]]
+    # two greedy passes over the same two prompts repeat their counts: the same interval (pass-major runs)
+    alpha, positions = acceptance_intervals([a, b, a, b], prompts=2)
+    assert alpha == rec.token_acceptance_ci95 and positions == rec.per_position_acceptance_ci95
+    # runs are pass-major: [A, A, B, B] over two prompts is prompt 0 = (A, B), prompt 1 = (A, B), no spread
+    assert acceptance_intervals([a, a, b, b], prompts=2)[0] == [pytest.approx(0.75), pytest.approx(0.75)]
+    # one prompt is no sample of the prompts, however many passes
+    assert acceptance_intervals([a, a], prompts=1) == (None, [None, None, None])
+    assert cell_record(3, 0.0, [base[0]], [a], 0.1, 1.2).token_acceptance_ci95 is None
+
+
+def test_acceptance_intervals_need_the_counts():
+    """A producer that keeps no rejection count (vLLM's) has no α, so no interval either; nothing tested: none."""
+    from draftsmith.decode.acceptance import AcceptanceCounts
+    from draftsmith.eval.metrics import acceptance_intervals
+
+    class Untested:
+        def __init__(self, counts):
+            self._counts = counts
+
+        def counts(self):
+            return self._counts
+
+    vllm_like = Untested(AcceptanceCounts(drafted=4, accepted=3, rounds=2, rejected=None,
+                                          drafted_per_position=[2, 2], accepted_per_position=[2, 1]))
+    alpha, positions = acceptance_intervals([vllm_like, vllm_like], prompts=2)
+    assert alpha is None and len(positions) == 2 and all(p is not None for p in positions)
+    nothing = Untested(AcceptanceCounts(rejected=0, drafted_per_position=[0], accepted_per_position=[0]))
+    assert acceptance_intervals([nothing, nothing], prompts=2) == (None, [None])
+
+
 def test_slowdown_warning_says_whether_the_interval_is_below_one():
     sure = cell_record(3, 0.0, [plain_stats(4, 0.8), plain_stats(4, 0.7)], [spec_stats([(3, 0)]), spec_stats([(3, 0)])],
                        0.1, 1.0)
@@ -124,7 +167,14 @@ def test_report_names_each_acceptance_quantity_once(tmp_path):
         assert "acceptance rate" in cols and "token acceptance α" in cols
         assert "α" not in cols and "acceptance" not in cols
     assert LEGEND in report and "Token acceptance α: accepted / tested" in LEGEND
-    assert f"| {rec.acceptance_rate:.3f} | {rec.token_acceptance:.3f} |" in report  # 4/6 then 4/5
+    assert f"| {rec.acceptance_rate:.3f} | {rec.token_acceptance:.3f} |" in report  # 4/6 then 4/5 (one prompt: no interval)
+    two = cell_record(3, 0.0, [plain_stats(6, 4.0), plain_stats(4, 4.0)],
+                      [spec_stats([(3, 3), (3, 1)]), spec_stats([(3, 0), (2, 2)])], 0.1, 1.2, outputs_equal=[True, True])
+    metrics["summary"]["trained"].update(token_acceptance=two.token_acceptance,
+                                         token_acceptance_ci95=two.token_acceptance_ci95)
+    metrics["records"] = [{"draft": "trained", **asdict(two)}]
+    write_report(metrics, tmp_path)
+    assert report.count("0.750 [0.667, 0.800]") == 0 and "| 0.750 [0.667, 0.800] |" in (tmp_path / "report.md").read_text()
 
 
 def test_in_loop_costs_by_hand():
