@@ -141,3 +141,4 @@ def test_ci_tests_the_lowest_declared_transformers():
     assert [int(x) for x in pinned.split(".")][:2] == [int(x) for x in lowest.split(".")][:2]
     assert commands[0] in (root / ".ci/run").read_text()
     assert "tests/test_greedy_equivalence.py" in commands[0]
+    assert "tests/test_suffix_loop.py" in commands[0] and "arctic-inference" in commands[0]  # suffix decoding's equality
