@@ -275,8 +275,10 @@ def test_smollm2_preset_composes_to_a_valid_config():
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [2]  # batch 1 measures K=1 beside K=2; vLLM serves K=2
     assert (cfg.serve.max_repeats, cfg.serve.decision_servers) == (7, 2)  # up to two more lives when undecided
-    # chat the target answers (2,560 prompts), no scored passages: measured better on the eval's prompts
-    assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 2560, 0)
+    # chat the target answers (3,840 prompts), no scored passages: measured better on the eval's prompts; no top-k
+    # log-probs, which an EAGLE head never reads
+    assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 3840, 0)
+    assert cfg.data.top_k_logprobs == 0
     assert not cfg.method.reduced_head and cfg.method.keep_best and cfg.method.patience == 3
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 
@@ -398,7 +400,7 @@ def test_demo_path_with_tiny_preset(tmp_path, monkeypatch, capsys):
     ["method=eagle", "method.reduced_head=true", "method.draft_vocab=0", "eval.draft_vocab=8192", "method.steps=2400",
      "serve.k=[1]"],
     ["method=kd", "pair.draft_layers=[0,1,-1]", "method.lr=1e-3", "method.eval_every=50", "method.draft_vocab=0",
-     "eval.draft_vocab=8192"],
+     "eval.draft_vocab=8192", "data.top_k_logprobs=32"],
 ])
 def test_the_smollm2_presets_documented_alternatives_compose_and_validate(overrides):
     from hydra import compose, initialize_config_module
