@@ -129,15 +129,17 @@ def log_eval(run: StageRun, metrics: EvalMetrics) -> None:
 
         flat = {f"eval/{draft}/{key}": value for draft, summary in metrics.summary.items()
                 for key, value in summary.items() if isinstance(value, (int, float))}
-        for draft, summary in metrics.summary.items():  # the interval as two numbers W&B can chart
-            if summary.get("speedup_ci95"):
-                flat[f"eval/{draft}/speedup_ci95_lo"], flat[f"eval/{draft}/speedup_ci95_hi"] = summary["speedup_ci95"]
-        columns = ["draft", "k", "temperature", "acceptance_rate", "token_acceptance", "mean_accepted_tokens",
-                   "speedup", "speedup_ci95_lo", "speedup_ci95_hi", "repeats", "predicted_speedup", "greedy_match"]
+        for draft, summary in metrics.summary.items():  # the intervals as two numbers each, which W&B can chart
+            for key in ("speedup_ci95", "token_acceptance_ci95"):
+                if summary.get(key):
+                    flat[f"eval/{draft}/{key}_lo"], flat[f"eval/{draft}/{key}_hi"] = summary[key]
+        columns = ["draft", "k", "temperature", "acceptance_rate", "token_acceptance", "token_acceptance_ci95_lo",
+                   "token_acceptance_ci95_hi", "mean_accepted_tokens", "speedup", "speedup_ci95_lo", "speedup_ci95_hi",
+                   "repeats", "predicted_speedup", "greedy_match"]
 
         def value(record: dict, column: str):
-            if column.startswith("speedup_ci95_"):
-                ci = record.get("speedup_ci95")
+            if column.endswith(("_ci95_lo", "_ci95_hi")):
+                ci = record.get(column[:-3])
                 return None if ci is None else ci[0 if column.endswith("lo") else 1]
             return record.get(column)
 

@@ -13,8 +13,8 @@ the same in metrics.json, report.md, the end-of-run table and the README (docs/A
 
 Token acceptance and the per-position acceptance carry 95% intervals (``token_acceptance_ci95``,
 ``per_position_acceptance_ci95``): the cluster bootstrap of eval/intervals.py over the prompts, each keeping its
-passes, of the (accepted, tested) counts — a dozen prompts of 64 tokens read α to about ±0.03, and the tokens of one
-prompt are not independent draws.
+passes, of the (accepted, tested) counts. The tokens of one prompt are not independent draws: on SmolLM2 a dozen
+prompts of 64 tokens read α to about ±0.10, 64 prompts to about ±0.035 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -112,13 +112,17 @@ def acceptance_summary(k: int, spec: list[SpeculativeStats]) -> dict:
 
 def acceptance_intervals(spec: list[SpeculativeStats], prompts: int) -> tuple[Interval, list[Interval]]:
     """95% intervals of token acceptance α and of the acceptance at each draft position (1..K) -> (α's, [per
-    position]); an interval is None where it cannot be estimated (fewer than two prompts, nothing tested, a count
-    not kept).
+    position]); an interval is None where it cannot be estimated (fewer than two prompts that tested a token there,
+    or a count the producer does not keep).
 
     `spec`: the speculative runs of one cell, pass-major over `prompts` prompts (run j is prompt j % `prompts`).
     Each is a ratio of summed counts, accepted / tested and accepted_i / drafted_i, so the speedup's paired cluster
     bootstrap (eval/intervals.py :func:`ratio_ci`) applies as it is: prompts are the units, resampled with their
-    passes (greedy passes repeat the same counts, so only the prompts' spread is left)."""
+    passes (greedy passes repeat the same counts, so only the prompts' spread is left). A prompt that tested nothing
+    at a position (prompt lookup finding no match, a round cut short) adds nothing to that ratio and is left out of
+    its resampling, where it would only draw empty samples."""
+    if prompts >= 1 and len(spec) % prompts:
+        raise ValueError(f"{len(spec)} speculative runs are not whole passes over {prompts} prompts")
     counts = [s.counts() for s in spec]
     k = max((len(c.drafted_per_position) for c in counts), default=0)
     if prompts < 2:  # one prompt's tokens are no sample of the prompts (greedy passes repeat its counts)
@@ -131,9 +135,8 @@ def acceptance_intervals(spec: list[SpeculativeStats], prompts: int) -> tuple[In
             if num is None or den is None:
                 return None
             units[j % prompts].append((float(num), float(den)))
-        if not any(den for unit in units for _, den in unit):
-            return None
-        return ratio_ci(units)
+        units = [unit for unit in units if sum(den for _, den in unit) > 0]
+        return ratio_ci(units) if len(units) >= 2 else None
 
     alpha = interval(lambda c: (c.accepted, None if c.rejected is None else c.accepted + c.rejected))
     positions = [interval(lambda c, i=i: (_position(c.accepted_per_position, i), _position(c.drafted_per_position, i)))

@@ -412,7 +412,7 @@ def run(cfg: EvalConfig) -> dict:
     and grid: equal hashes mean comparable numbers), "records": [one per draft x K x temperature, with
     "draft", every CellRecord field, "c", "c_v", "backend" (the cached forward that ran target and
     draft: "lean" or "hf") and "hf_assisted" for greedy cells],
-    "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance",
+    "summary": {draft: {"best_k", "speedup", "acceptance_rate", "token_acceptance", "token_acceptance_ci95",
     "mean_accepted_tokens", "greedy_match", "backend"} at best K of the lowest temperature}, "warnings": [...],
     with every cell's "speedup_ci95" ([lo, hi] or None), "repeats" and "timings" ({"plain_s", "spec_s"}:
     [repeat][prompt] wall seconds, paired); the summary's best K by eval/intervals.py choose_k ("k_choice":

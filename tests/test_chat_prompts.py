@@ -26,11 +26,12 @@ def test_records_are_chat_messages_about_public_stdlib_items(tmp_path):
 
 def test_past_the_modules_and_functions_come_classes_and_methods_and_the_first_records_stay():
     """More records than the modules and functions hold add questions about public classes and their methods,
-    after them: a larger data.demo_prompts only adds records (the preset's first 1,280 are those of before)."""
+    after them: a larger data.demo_prompts only adds records (the preset's first 2,560 are those of before)."""
     heads = lambda templates: tuple(t.split("`")[0] for t in templates)  # noqa: E731
     records = stdlib_chat_records(1700, seed=0)
     texts = [r["messages"][0]["content"] for r in records]
     assert len(set(texts)) == 1700 and stdlib_chat_records(1280, seed=0) == records[:1280]
+    assert stdlib_chat_records(3840, seed=0)[:1700] == records  # the preset's 3,840 begin with them too
     first = [t for t in texts if t.startswith(heads(MODULE_TEMPLATES))]
     classes = [t for t in texts if t.startswith(heads(CLASS_TEMPLATES))]
     assert first and classes and max(texts.index(t) for t in first) < min(texts.index(t) for t in classes)
@@ -40,8 +41,8 @@ def test_past_the_modules_and_functions_come_classes_and_methods_and_the_first_r
 
 
 # sha256 of json.dumps(records, sort_keys=True), first 16 hex digits, on CPython 3.11.7: the record counts the
-# preset has read (1,280, and 2,560 today), whose figures BENCHMARKS.md holds
-PINNED = {1280: "5ded467c6bd80cb8", 2560: "dbfe8aecc4c96b6a"}
+# preset has read (1,280, 2,560, and 3,840 today), whose figures BENCHMARKS.md holds
+PINNED = {1280: "5ded467c6bd80cb8", 2560: "dbfe8aecc4c96b6a", 3840: "896eb23e33fc8118"}
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the records are pinned on CPython 3.11's standard library; "

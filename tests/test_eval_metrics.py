@@ -104,6 +104,27 @@ def test_acceptance_intervals_need_the_counts():
     assert acceptance_intervals([nothing, nothing], prompts=2) == (None, [None])
 
 
+def test_prompts_that_tested_nothing_are_left_out_of_the_resampling():
+    """Prompt lookup finds no match on some prompts: they test no token and add nothing to α. Resampled, a draw of
+    only such prompts would read 0 and drag the lower bound there; left out, the interval is the tested prompts'."""
+    from draftsmith.eval.metrics import acceptance_intervals
+
+    a, b = spec_stats([(3, 3), (3, 1)]), spec_stats([(3, 0), (2, 2)])  # 4 of 5 and 2 of 3 (as above)
+    idle = SpeculativeStats(k=3, drafted_per_position=[0] * 3, accepted_per_position=[0] * 3)  # no round
+    alpha, positions = acceptance_intervals([a, b] + [idle] * 9, prompts=11)
+    assert alpha == [pytest.approx(2 / 3), pytest.approx(4 / 5)]  # as with A and B alone
+    assert positions == acceptance_intervals([a, b], prompts=2)[1]
+    assert acceptance_intervals([a, idle, idle], prompts=3) == (None, [None, None, None])  # one prompt tested
+
+
+def test_acceptance_intervals_need_whole_passes():
+    from draftsmith.eval.metrics import acceptance_intervals
+
+    a = spec_stats([(3, 3)])
+    with pytest.raises(ValueError, match="3 speculative runs are not whole passes over 2 prompts"):
+        acceptance_intervals([a, a, a], prompts=2)
+
+
 def test_slowdown_warning_says_whether_the_interval_is_below_one():
     sure = cell_record(3, 0.0, [plain_stats(4, 0.8), plain_stats(4, 0.7)], [spec_stats([(3, 0)]), spec_stats([(3, 0)])],
                        0.1, 1.0)
@@ -174,7 +195,7 @@ def test_report_names_each_acceptance_quantity_once(tmp_path):
                                          token_acceptance_ci95=two.token_acceptance_ci95)
     metrics["records"] = [{"draft": "trained", **asdict(two)}]
     write_report(metrics, tmp_path)
-    assert report.count("0.750 [0.667, 0.800]") == 0 and "| 0.750 [0.667, 0.800] |" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report.md").read_text().count("| 0.750 [0.667, 0.800] |") == 2  # the summary and the cell
 
 
 def test_in_loop_costs_by_hand():

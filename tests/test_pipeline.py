@@ -330,6 +330,10 @@ def test_wandb_tracking_offline_one_run_per_stage_and_metrics_read_back(pair, tm
     for draft, summary in metrics["summary"].items():
         assert logged[f"eval/{draft}/speedup"] == pytest.approx(summary["speedup"])
         assert logged[f"eval/{draft}/acceptance_rate"] == pytest.approx(summary["acceptance_rate"])
+        if summary.get("token_acceptance_ci95"):  # the interval as two numbers
+            assert [logged[f"eval/{draft}/token_acceptance_ci95_{end}"] for end in ("lo", "hi")] == \
+                pytest.approx(summary["token_acceptance_ci95"])
+    assert metrics["summary"]["trained"]["token_acceptance_ci95"] is not None
     assert logged["eval/k_table/_type"] == "table-file" and logged["eval/k_table/nrows"] == len(metrics["records"])
     assert logged["eval/trained/per_position_acceptance_table/_type"] == "table-file"  # the bar chart's data
     assert any("train/loss" in row for row in history(runs["train"]))
@@ -415,3 +419,21 @@ def test_the_smollm2_presets_documented_alternatives_compose_and_validate(overri
         cfg = OmegaConf.to_object(compose("config", overrides=["experiment=smollm2-135m", *overrides]))
     validate(cfg)
     assert cfg.method.finetune in ("eagle", "full")
+
+
+def test_the_smollm2_preset_asks_for_log_probs_where_a_method_distils_from_them():
+    """The preset's datagen keeps no top-k log-probs (its EAGLE head never reads them): the draft cut from the target,
+    which distils from them, is refused before any stage runs, naming the key to set."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.config import register_schema, validate
+
+    register_schema()
+    overrides = ["experiment=smollm2-135m", "method=kd", "pair.draft_layers=[0,1,-1]", "method.draft_vocab=0",
+                 "eval.draft_vocab=8192"]
+    with initialize_config_module("draftsmith.conf", version_base=None):
+        cfg = OmegaConf.to_object(compose("config", overrides=overrides))
+    with pytest.raises(ConfigError, match=r"set data.top_k_logprobs > 0"):
+        validate(cfg)
