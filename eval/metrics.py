@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from draftsmith.decode.acceptance import ACCEPTANCE_FLOOR, AcceptanceCounts
 from draftsmith.decode.stats import DecodeStats, SpeculativeStats
-from draftsmith.eval.intervals import Interval, Units, format_ci, ratio_ci
+from draftsmith.eval.intervals import Interval, Units, format_ci, ratio_ci, units_from_passes
 from draftsmith.eval.theory import predicted_speedup
 
 
@@ -129,12 +129,11 @@ def acceptance_intervals(spec: list[SpeculativeStats], prompts: int) -> tuple[In
         return None, [None] * k
 
     def interval(pair) -> Interval:
-        units: Units = [[] for _ in range(prompts)]
-        for j, c in enumerate(counts):
-            num, den = pair(c)
-            if num is None or den is None:
-                return None
-            units[j % prompts].append((float(num), float(den)))
+        pairs = [pair(c) for c in counts]
+        if any(num is None or den is None for num, den in pairs):
+            return None
+        passes = [pairs[i:i + prompts] for i in range(0, len(pairs), prompts)]
+        units = units_from_passes([[num for num, _ in p] for p in passes], [[den for _, den in p] for p in passes])
         units = [unit for unit in units if sum(den for _, den in unit) > 0]
         return ratio_ci(units) if len(units) >= 2 else None
 

@@ -74,15 +74,23 @@ def test_spec_strings():
 @pytest.mark.parametrize("window", [NGram(1, 1), NGram(2, 4)], ids=["1-1", "2-4"])
 def test_greedy_output_equals_the_targets_across_k(k, window):
     """A tiny random Llama falls into loops, so the lookup proposes often: its output must still be the target's."""
+    greedy_equal_on_looping_prompts(lambda target, prompt: ngram_generate(target, window, prompt, k=k,
+                                                                          max_new_tokens=40), "ngram")
+
+
+def greedy_equal_on_looping_prompts(generate, backend: str) -> None:
+    """`generate(target, prompt)` (40 new tokens, a proposer with no model) on a tiny random Llama that falls into
+    loops: outputs equal the target's greedy ones, the proposer (`backend`) ran no forward, and it proposed and was
+    right some of the time."""
     target = make_model("llama", seed=7, layers=2, hidden=32, vocab_size=48)
     drafted = accepted = 0
     for prompt in (torch.tensor([[5, 9, 30, 5, 9]]), torch.tensor([[1, 2, 3, 4, 1, 2, 3]]), torch.tensor([[40]])):
         ref = autoregressive_generate(target, prompt, max_new_tokens=40)
-        out = ngram_generate(target, window, prompt, k=k, max_new_tokens=40)
+        out = generate(target, prompt)
         assert torch.equal(out.sequences, ref.sequences)
-        assert out.stats.draft_backend == "ngram" and out.stats.draft_forwards == 0
+        assert out.stats.draft_backend == backend and out.stats.draft_forwards == 0
         drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
-    assert drafted > 0 and accepted > 0  # the lookup proposed and was right some of the time
+    assert drafted > 0 and accepted > 0
 
 
 def test_a_repeating_target_takes_few_steps():

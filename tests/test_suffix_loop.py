@@ -6,33 +6,21 @@ import pytest
 import torch
 
 from conftest import make_model
-from draftsmith.decode import autoregressive_generate
+from draftsmith.decode import autoregressive_generate, suffix_generate
 from draftsmith.decode import suffix as suffix_mod
 from stubs import random_table, scripted
+from test_ngram import greedy_equal_on_looping_prompts
 from test_sampling_distribution import N_TOKENS, PROMPT, V, chi_square_p, exact_first, pair, sample_first, tv
 
 pytestmark = pytest.mark.skipif(not suffix_mod.available(),
                                 reason=f"Arctic Inference is not installed here: {suffix_mod.INSTALL}")
 
 
-def suffix_generate(*args, **kw):
-    from draftsmith.decode import suffix_generate as generate
-
-    return generate(*args, **kw)
-
-
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_greedy_output_equals_the_targets_across_k(k):
     """A tiny random Llama falls into loops, so the tree proposes often: its output must still be the target's."""
-    target = make_model("llama", seed=7, layers=2, hidden=32, vocab_size=48)
-    drafted = accepted = 0
-    for prompt in (torch.tensor([[5, 9, 30, 5, 9]]), torch.tensor([[1, 2, 3, 4, 1, 2, 3]]), torch.tensor([[40]])):
-        ref = autoregressive_generate(target, prompt, max_new_tokens=40)
-        out = suffix_generate(target, prompt, k=k, max_new_tokens=40)
-        assert torch.equal(out.sequences, ref.sequences)
-        assert out.stats.draft_backend == "suffix" and out.stats.draft_forwards == 0
-        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
-    assert drafted > 0 and accepted > 0  # the tree proposed and was right some of the time
+    greedy_equal_on_looping_prompts(lambda target, prompt: suffix_generate(target, prompt, k=k, max_new_tokens=40),
+                                    "suffix")
 
 
 def test_a_repeating_target_is_speculated_through_and_text_that_never_repeats_costs_nothing():
