@@ -84,22 +84,31 @@ class EagleHead(torch.nn.Module):
         self.gate, self.up, self.down = copy(m.gate_proj), copy(m.up_proj), copy(m.down_proj, 0.1)
 
     # -- the arithmetic ------------------------------------------------------------------------------
-    def _qkv(self, x: torch.Tensor, pos: torch.Tensor):
+    def cos_sin(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [B, 1, T, hd] of the positions `pos` [B, T]: the target's rotary embedding."""
+        cos, sin = self.rotary(self.q.new_empty(0, dtype=dtype), pos)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor, linear=F.linear, rotary=None, repeat: bool = True):
+        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated; `repeat` False: [B, nkv, T, hd]), rotary
+        applied. `linear`: the product (F.linear, or one of decode/lean.py's forms in a decode); `rotary`:
+        :meth:`cos_sin` of `pos`, when the caller keeps a table."""
         b, t, _ = x.shape
-        cos, sin = self.rotary(x, pos)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = F.linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = F.linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = F.linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = self.cos_sin(pos, x.dtype) if rotary is None else rotary
+        q = linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if not repeat:
+            return q, k, v
         rep = self.nh // self.nkv
         return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
 
-    def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _finish(self, x: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
         b, _, t, _ = attn.shape
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
+        x = x + linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
         y = _rms(x, self.post_norm, self.eps)
-        return x + F.linear(F.silu(F.linear(y, self.gate)) * F.linear(y, self.up), self.down)
+        return x + linear(F.silu(linear(y, self.gate)) * linear(y, self.up), self.down)
 
     def forward(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
         """`emb` [B, T, H] (embeddings of x_{t+1}), `h` [B, T, H] (the target's features h_t), `pos` [B, T]
@@ -192,19 +201,36 @@ class EagleRunner:
     returns the head's hidden states at them [T, H]; ``logits(hidden [T, H])`` scores them with the target's head
     (only the rows of `vocab` when given: logits over the full `width`, -inf elsewhere, as decode/vocab.py's
     reduced heads do); ``crop(length)`` rolls the cache back. The same arithmetic as ``EagleHead.forward`` over the
-    whole sequence (tests/test_eagle.py).
+    whole sequence (tests/test_eagle.py), up to float rounding.
+
+    `products(T)` gives the matrix product for a block of T slots (default F.linear): in a decode, the target's
+    lean forward's measured form (decode/lean.py ``LeanModel.block_product``), the head's matrices being streamed
+    from memory as the target's are. The cache keeps the KV heads ungrouped (attention reads them grouped), and
+    the rotary table is computed once per capacity.
     """
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, capacity: int,
-                 vocab: torch.Tensor | None = None):
+                 vocab: torch.Tensor | None = None, products=None):
         self.head, self.embed, self.width = head, embed, lm_head.shape[0]
         self.vocab = vocab
         self.rows = lm_head if vocab is None else lm_head[vocab]
-        shape = (1, head.nh, capacity, head.hd)
-        self.k = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
-        self.v = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
+        self._setup(capacity, products)
+
+    def _setup(self, capacity: int, products) -> None:
+        self.products = products or (lambda t: F.linear)
+        self.k = self.v = None
         self.length = 0
         self.forwards = 0
+        self._allocate(max(int(capacity), 16))
+
+    def _allocate(self, capacity: int) -> None:
+        """(Re)allocate the cache and the rotary table for `capacity` slots, keeping the slots held."""
+        head, like = self.head, dict(dtype=self.embed.dtype, device=self.embed.device)
+        k, v = (torch.zeros((1, head.nkv, capacity, head.hd), **like) for _ in range(2))
+        if self.k is not None:
+            k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
+        self.k, self.v = k, v
+        self.cos, self.sin = head.cos_sin(torch.arange(capacity, device=self.embed.device)[None], self.embed.dtype)
 
     def __len__(self) -> int:
         return self.length
@@ -217,30 +243,31 @@ class EagleRunner:
         t, start = tokens.shape[0], self.length
         end = start + t
         if end > self.k.shape[2]:
-            extra = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
-            pad = self.k.new_zeros((1, head.nh, extra, head.hd))
-            self.k, self.v = torch.cat([self.k, pad], 2), torch.cat([self.v, pad.clone()], 2)
-        x, residual = self._layer_inputs(tokens, feats)  # [1, T, H_in], [1, T, H]
-        q, k, v = head._qkv(x, torch.arange(start, end, device=x.device).unsqueeze(0))
+            self._allocate(max(end, 2 * self.k.shape[2]))
+        linear = self.products(t)
+        x, residual = self._layer_inputs(tokens, feats, linear)  # [1, T, H_in], [1, T, H]
+        rotary = self.cos[:, :, start:end], self.sin[:, :, start:end]
+        q, k, v = head._qkv(x, None, linear=linear, rotary=rotary, repeat=False)
         self.k[:, :, start:end], self.v[:, :, start:end] = k, v
         mask = None
         if t > 1:
             keys = torch.arange(end, device=x.device)
             mask = keys[None, :] <= keys[start:, None]  # query i sees keys 0 .. start + i
-        attn = F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask)
+        attn = F.scaled_dot_product_attention(q, self.k[:, :, :end], self.v[:, :, :end], attn_mask=mask,
+                                              enable_gqa=head.nkv != head.nh)
         self.length = end
         self.forwards += 1
-        return head._finish(residual, attn)[0]
+        return head._finish(residual, attn, linear=linear)[0]
 
-    def _layer_inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _layer_inputs(self, tokens: torch.Tensor, feats: torch.Tensor, linear) -> tuple[torch.Tensor, torch.Tensor]:
         """(the layer's input [1, T, H], its residual stream [1, T, H]) of `tokens` [T] and `feats` [T, H]: EAGLE-1's
         fc over [embedding || feature], which is both."""
-        x = F.linear(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1), self.head.fc).unsqueeze(0)
+        x = linear(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1)[None], self.head.fc)
         return x, x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's head over `hidden` [T, H] -> logits [T, width] (-inf outside `vocab` when given)."""
         from draftsmith.decode.vocab import scatter_logits
 
-        sub = hidden @ self.rows.T
+        sub = self.products(hidden.shape[0])(hidden[None], self.rows)[0]
         return sub if self.vocab is None else scatter_logits(sub, self.vocab, self.width)

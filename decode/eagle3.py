@@ -146,40 +146,45 @@ class Eagle3Head(torch.nn.Module):
         return mask
 
     # -- the arithmetic --------------------------------------------------------------------------------
-    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+    def fuse(self, aux: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """The target's features at the head's layers, concatenated [..., 3 x target_hidden] -> [..., H]."""
-        return F.linear(aux, self.fc)
+        return linear(aux, self.fc)
 
     def _inputs(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention input [.., 2H], residual [.., H]) of the layer for token embeddings and features."""
         return torch.cat([_rms(emb, self.in_norm, self.eps), _rms(hidden, self.hidden_norm, self.eps)], -1), hidden
 
-    def _rotary(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [B, 1, T, hd] of the positions `pos` [B, T]."""
         freqs = pos.to(torch.float32)[..., None] * self.inv_freq.to(pos.device)  # [B, T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, hd]
 
-    def _qkv(self, x: torch.Tensor, pos: torch.Tensor):
-        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated), rotary applied."""
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor, linear=F.linear, rotary=None, repeat: bool = True):
+        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated; `repeat` False: [B, nkv, T, hd], for an
+        attention that reads grouped heads), rotary applied. `linear`: the product (F.linear, or one of
+        decode/lean.py's forms in a decode); `rotary`: :meth:`cos_sin` of `pos`, when the caller keeps a table."""
         b, t, _ = x.shape
-        cos, sin = self._rotary(pos, x.dtype)
-        q = F.linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = F.linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = F.linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = self.cos_sin(pos, x.dtype) if rotary is None else rotary
+        q = linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if not repeat:
+            return q, k, v
         rep = self.nh // self.nkv
         return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
 
-    def _finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _finish(self, residual: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """The layer after attention: attn [B, nh, T, hd] -> the pre-norm output [B, T, H]."""
         b, _, t, _ = attn.shape
-        r = residual + F.linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
+        r = residual + linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
         y = _rms(r, self.post_norm, self.eps)
-        return r + F.linear(F.silu(F.linear(y, self.gate)) * F.linear(y, self.up), self.down)
+        return r + linear(F.silu(linear(y, self.gate)) * linear(y, self.up), self.down)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
+    def logits(self, out: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """Pre-norm outputs [.., H] -> logits over the draft vocabulary [.., Vd]."""
-        return F.linear(_rms(out, self.norm, self.eps), self.lm_head)
+        return linear(_rms(out, self.norm, self.eps), self.lm_head)
 
     def forward(self, aux: torch.Tensor, emb: torch.Tensor, pos: torch.Tensor, steps: int,
                 window: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -382,23 +387,23 @@ class Eagle3Runner(EagleRunner):
     features, or the head's own previous output) and returns their pre-norm outputs [T, H]; ``logits(out)`` gives
     the draft vocabulary's logits placed at their target ids over the full `width` (-inf elsewhere)."""
 
-    def __init__(self, head: Eagle3Head, embed: torch.Tensor, width: int, capacity: int):
+    def __init__(self, head: Eagle3Head, embed: torch.Tensor, width: int, capacity: int, products=None):
         self.head, self.embed, self.width = head, embed, width
-        shape = (1, head.nh, max(capacity, 16), head.hd)
-        self.k = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
-        self.v = torch.zeros(shape, dtype=embed.dtype, device=embed.device)
         self.ids = head.vocab.to(embed.device)
-        self.length = 0
-        self.forwards = 0
+        self._setup(capacity, products)
 
-    def _layer_inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _layer_inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, linear) -> tuple[torch.Tensor, torch.Tensor]:
         return self.head._inputs(F.embedding(tokens, self.embed)[None], hidden[None])  # [1, T, 2H], [1, T, H]
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's features at the head's layers [T, 3 x target_hidden] -> fused [T, H] (``fc``)."""
+        return self.head.fuse(aux[None], self.products(aux.shape[0]))[0]
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Pre-norm outputs [T, H] -> logits [T, width] at the draft vocabulary's target ids, -inf elsewhere."""
         from draftsmith.decode.vocab import scatter_logits
 
-        return scatter_logits(self.head.logits(out), self.ids, self.width)
+        return scatter_logits(self.head.logits(out[None], self.products(out.shape[0]))[0], self.ids, self.width)
 
 
 # -- the speculators-format folder -------------------------------------------------------------------

@@ -293,7 +293,7 @@ class LeanModel:
         self.cos, self.signed_sin, self.swap = _rotary_tables(cos[0], sin[0])
         self.capacity = capacity
 
-    def _block_linear(self, t: int, where: str):
+    def block_product(self, t: int, where: str = "layer"):
         """The product for `t` tokens through the decoder layers' matrices (`where` "layer") or the head ("head"):
         as :attr:`block_form` says (None: :func:`fastest_form` on this machine, looked up once per block size;
         :data:`LINEAR`: nn.Linear's own product)."""
@@ -337,7 +337,7 @@ class LeanModel:
         cos = self.cos[start:end][None, None]  # [1, 1, T, D]
         sin = self.signed_sin[start:end][None, None]
         swap = self.swap
-        linear = self._block_linear(t, "layer")
+        linear = self.block_product(t, "layer")
         mask = None
         if t > 1 and start > 0:  # block after a prefix: query i sees keys 0 .. start + i
             keys = torch.arange(end, device=h.device)
@@ -367,7 +367,7 @@ class LeanModel:
             self.aux = torch.cat([kept[sorted(self.keep_layers).index(k)] for k in self.keep_layers], dim=-1)
         self.length = end
         self.forwards += 1
-        head = self._block_linear(keep, "head")
+        head = self.block_product(keep, "head")
         if self.keep_features:
             normed = _rms_norm(h, *self.norm)
             self.features = normed[0]  # [T, H]

@@ -228,7 +228,7 @@ def eagle_generate(
     """
     def proposer(tgt, capacity: int):
         tgt.keep_features = True  # the post-norm features at the positions each forward runs
-        return _Eagle(head, target, capacity, draft_vocab)
+        return _Eagle(head, target, capacity, draft_vocab, products=tgt.block_product)
 
     return _with_head(target, proposer, input_ids, attention_mask, k=k, max_new_tokens=max_new_tokens,
                       temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
@@ -260,7 +260,7 @@ def eagle3_generate(
     """
     def proposer(tgt, capacity: int):
         tgt.keep_layers = tuple(head.layers)  # the streams entering the head's layers, at every position it runs
-        return _Eagle3(head, target, capacity)
+        return _Eagle3(head, target, capacity, products=tgt.block_product)
 
     return _with_head(target, proposer, input_ids, attention_mask, k=k, max_new_tokens=max_new_tokens,
                       temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
@@ -413,11 +413,11 @@ class _Eagle:
 
     backend = "eagle"
 
-    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None):
+    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None, products=None):
         from draftsmith.decode.eagle import EagleRunner
 
         self.runner = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
-                                  capacity, vocab=vocab)
+                                  capacity, vocab=vocab, products=products)
         self.width = logit_width(target)
         self.pending: torch.Tensor | None = None  # features h_{len(cache)} .. h_{n-2}: real slots not read yet
         self.hidden: torch.Tensor | None = None  # the head's output at the last slot fed
@@ -457,17 +457,16 @@ class _Eagle3(_Eagle):
 
     backend = "eagle3"
 
-    def __init__(self, head, target: torch.nn.Module, capacity: int):
+    def __init__(self, head, target: torch.nn.Module, capacity: int, products=None):
         from draftsmith.decode.eagle3 import Eagle3Runner
 
         self.width = logit_width(target)
-        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, self.width, capacity)
-        self.head = head
+        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, self.width, capacity, products=products)
         self.pending: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
 
     def _features(self, tgt) -> torch.Tensor:
-        return self.head.fuse(tgt.aux)  # [T, 3H] -> [T, H]
+        return self.runner.fuse(tgt.aux)  # [T, 3H] -> [T, H]
 
 
 class _NGram:

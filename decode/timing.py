@@ -37,11 +37,11 @@ class _EagleSteps:
     outputs with the target's head. A round's first step is timed as one slot; in a decode it feeds the a+1 slots
     the last round accepted (a one-layer forward over 1-3 slots: nearly the cost of one)."""
 
-    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None):
+    def __init__(self, head, target: torch.nn.Module, capacity: int, vocab: torch.Tensor | None, products=None):
         from draftsmith.decode.eagle import EagleRunner
 
         self.runner = EagleRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
-                                  capacity, vocab=vocab)
+                                  capacity, vocab=vocab, products=products)
 
     def __len__(self) -> int:
         return len(self.runner)
@@ -60,16 +60,17 @@ class _Eagle3Steps(_EagleSteps):
     :class:`_EagleSteps`: zero features of its three layers in (through ``fc``, as a round's real slots), its own
     draft vocabulary's logits out."""
 
-    def __init__(self, head, target: torch.nn.Module, capacity: int):
+    def __init__(self, head, target: torch.nn.Module, capacity: int, products=None):
         from draftsmith.decode.eagle3 import Eagle3Runner
         from draftsmith.decode.runners import logit_width
 
-        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, logit_width(target), capacity)
+        self.runner = Eagle3Runner(head, target.get_input_embeddings().weight, logit_width(target), capacity,
+                                   products=products)
 
     def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
         tokens, head = input_ids[0], self.runner.head
         aux = self.runner.embed.new_zeros((tokens.shape[0], len(head.layers) * head.target_hidden))
-        return self.runner.logits(self.runner.forward(tokens, head.fuse(aux))[-keep:])  # fc timed, as a round runs it
+        return self.runner.logits(self.runner.forward(tokens, self.runner.fuse(aux))[-keep:])  # fc timed, as a round runs it
 
 
 class _LookupSteps:
@@ -125,13 +126,13 @@ def _runners(target, draft, backend: str, capacity: int, vocab: torch.Tensor | N
 
         tgt = LeanModel(target, capacity=capacity)
         tgt.keep_layers = tuple(draft.layers)
-        return tgt, _Eagle3Steps(draft, target, capacity)
+        return tgt, _Eagle3Steps(draft, target, capacity, products=tgt.block_product)
     if isinstance(draft, EagleHead):
         from draftsmith.decode.lean import LeanModel
 
         tgt = LeanModel(target, capacity=capacity)
         tgt.keep_features = True
-        return tgt, _EagleSteps(draft, target, capacity, vocab)
+        return tgt, _EagleSteps(draft, target, capacity, vocab, products=tgt.block_product)
     return make_runner(target, backend, capacity), make_runner(draft, backend, capacity, vocab=vocab)
 
 

@@ -133,6 +133,35 @@ def test_the_training_time_test_is_what_a_decode_round_computes(target):
     assert not torch.allclose(outs[0], outs[1], atol=1e-3)
 
 
+@pytest.mark.parametrize("form", ["F.linear", "weight-first", "padded"])
+def test_the_runner_takes_the_lean_forwards_products(target, form):
+    """A decode hands the runner the target's measured product form (``products``); each form gives ``ttt``'s
+    outputs and the head's logits up to float rounding, through a cache that grows and keeps its KV heads
+    grouped (the tiny target has 2 KV heads for 4), with a rolled-back guess in between."""
+    from draftsmith.decode.lean import product
+
+    head = randomised(head_for_target(target, LAYERS, torch.arange(4, 60)), seed=15)
+    ids, aux, _ = rows_of(target, n=1, t=9, seed=16)
+    emb_w, nxt = target.model.embed_tokens.weight, ids[0, 1:]
+    want = head.ttt(F.embedding(nxt, emb_w)[None], head.fuse(aux[0, :-1])[None], torch.arange(8)[None], 2)
+    runner = Eagle3Runner(head, emb_w, target.config.vocab_size, capacity=4, products=lambda t: product(form, t))
+    assert head.nkv < head.nh and runner.k.shape[1] == head.nkv
+    with torch.no_grad():
+        fused = runner.fuse(aux[0, :-1])
+        torch.testing.assert_close(fused, head.fuse(aux[0, :-1]), rtol=1e-5, atol=1e-5)
+        a = runner.forward(nxt[:5], fused[:5])
+        runner.forward(nxt[5:7], fused[5:7] + 1.0)  # a wrong guess, rolled back
+        runner.crop(5)
+        b = runner.forward(nxt[5:8], fused[5:8])  # past the first capacity: the cache and the rotary table grow
+        runner.crop(7)
+        second = runner.forward(nxt[7:8], b[1:2])  # slot 7 reading the head's own output at slot 6: ttt's step 1
+    torch.testing.assert_close(torch.cat([a, b]), want[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(second[0], want[1][0, 7], rtol=1e-4, atol=1e-4)
+    logits = runner.logits(b)
+    torch.testing.assert_close(logits[:, head.vocab], head.logits(b), rtol=1e-5, atol=1e-5)
+    assert torch.isinf(logits[:, 0]).all() and logits.shape == (3, target.config.vocab_size)
+
+
 def test_the_ttt_loss_by_hand_for_two_steps(target):
     head = randomised(head_for_target(target, LAYERS, torch.arange(4, 40)), seed=8)
     rows = [([5, 6, 7], [8, 9, 10, 11]), ([12, 13], [14, 15, 16])]

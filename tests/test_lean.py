@@ -102,12 +102,12 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
     lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
     chosen = {3: "padded", 4: "F.linear", 5: "weight-first", 1: "padded"}
     monkeypatch.setattr(lean_module, "fastest_form", lambda w, n: chosen[n])
-    assert lean._block_linear(3, "layer") is lean_module._linear_padded
-    assert lean._block_linear(4, "layer") is torch.nn.functional.linear
-    assert lean._block_linear(5, "head") is lean_module._linear_block
-    assert lean._block_linear(1, "layer") is lean_module._linear_one  # one token: W @ [x; 0]^T where measured faster
+    assert lean.block_product(3, "layer") is lean_module._linear_padded
+    assert lean.block_product(4, "layer") is torch.nn.functional.linear
+    assert lean.block_product(5, "head") is lean_module._linear_block
+    assert lean.block_product(1, "layer") is lean_module._linear_one  # one token: W @ [x; 0]^T where measured faster
     lean.block_form = "F.linear"
-    assert lean._block_linear(1, "layer") is lean._block_linear(3, "head") is torch.nn.functional.linear
+    assert lean.block_product(1, "layer") is lean.block_product(3, "head") is torch.nn.functional.linear
     with pytest.raises(ValueError, match="unknown block product 'fast'"):
         lean_module.product("fast", 3)
 

@@ -1,0 +1,31 @@
+"""scripts/bench_head_step.py on a tiny llama and an EAGLE-3 head: both product forms timed, the same proposals."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from conftest import make_model
+from draftsmith.decode.eagle3 import head_for_target, save_eagle3
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_head_step  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_head_step_bench_times_both_forms(tmp_path, tokenizer):
+    target = make_model("llama", seed=0, layers=4)
+    target.save_pretrained(tmp_path / "t")
+    tokenizer.save_pretrained(tmp_path / "t")
+    head = head_for_target(target, [0, 1, 3], torch.arange(4, 60))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    save_eagle3(tmp_path / "h", head, verifier=str(tmp_path / "t"), verifier_architectures=["LlamaForCausalLM"], k=2)
+    out = bench_head_step.main(["--target", str(tmp_path / "t"), "--head", str(tmp_path / "h"), "--k", "2",
+                                "--context", "12", "--repeats", "3"])
+    assert set(out["c"]) == {"F.linear", "lean"} and all(v > 0 for v in out["c"].values())
+    assert out["plain_step_ms"] > 0 and out["proposal_ms"]["lean"] > 0
+    assert out["same_proposals"] is True  # the forms differ by float rounding only
+    assert "layer@1" in out["lean_forms"] and "layer@2" in out["lean_forms"]  # the real slots' block was measured
