@@ -173,8 +173,9 @@ def candidate_forms(t: int) -> tuple[str, ...]:
     return (LINEAR, WEIGHT_FIRST) if t > 16 else FORMS
 
 
-# (device, dtype, threads, the matrices' shapes, T) -> the fastest form there, measured once
+# (device, dtype, threads, the matrices' shapes, T) -> the fastest form there, measured once; and each form's median ms
 _BLOCK_FORM: dict[tuple, str] = {}
+_BLOCK_MS: dict[tuple, dict[str, float]] = {}
 
 STREAMED_BYTES = 256 << 20  # the matrices timed for a small block: enough to stream from memory, as a forward does
 
@@ -205,8 +206,20 @@ def fastest_form(weights: list[torch.Tensor], t: int, repeats: int = 5) -> str:
                         f(x, w)
                     if r:  # the first round warms them up
                         times[form].append(time.perf_counter() - started)
-        _BLOCK_FORM[key] = min(forms, key=lambda form: sorted(times[form])[repeats // 2])
+        _BLOCK_MS[key] = {form: sorted(times[form])[repeats // 2] * 1e3 for form in forms}
+        _BLOCK_FORM[key] = min(forms, key=_BLOCK_MS[key].get)
     return _BLOCK_FORM[key]
+
+
+def measured_forms() -> list[dict]:
+    """The product forms this process measured (:func:`fastest_form`), for a run's record: per device, dtype, threads,
+    block size and set of matrices, the form taken and each form's median milliseconds over those matrices. A
+    decode's speed depends on them: a one-token form timed slow by a noisy moment slows plain decoding, and every
+    speedup against it reads higher."""
+    return [{"device": device, "dtype": str(dtype).removeprefix("torch."), "threads": threads, "tokens": size,
+             "matrices": len(shapes), "form": _BLOCK_FORM[key],
+             "ms": dict(_BLOCK_MS.get(key, {}))}
+            for key in _BLOCK_FORM for device, dtype, threads, shapes, size in [key]]
 
 
 class _Layer:

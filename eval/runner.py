@@ -44,6 +44,7 @@ from draftsmith.decode.suffix import Suffix
 from draftsmith.artifacts import atomic_dir, provenance
 from draftsmith.artifacts.formats import read_datagen, write_metrics
 from draftsmith.artifacts.errors import UserError, check
+from draftsmith.decode.lean import measured_forms
 from draftsmith.decode.runners import logit_width
 from draftsmith.decode.eos import eos_token_id
 from draftsmith.decode.pair import check_embedding_width, check_tokenizers, load_model, load_tokenizer
@@ -472,7 +473,7 @@ def run(cfg: EvalConfig) -> dict:
     metrics = {"schema_version": SCHEMA_VERSION, "config": asdict(cfg), "prompts": len(prompts),
                "eval_set": eval_set_id(cfg, prompts), "draft_vocab": vocab_info,
                "records": records, "summary": summary, "repeats": stopping, "warnings": warnings,
-               "provenance": provenance()}
+               "block_forms": measured_forms(), "provenance": provenance()}
     with atomic_dir(cfg.out_dir) as tmp:
         write_metrics(tmp, metrics)
         if vocab is not None:

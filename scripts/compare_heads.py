@@ -1,8 +1,9 @@
 """Drafts side by side in draftsmith's loop at batch 1: one eval (eval/runner.py, the eval stage's code) over the
 same held-out prompts for every draft and K, interleaved prompt by prompt, one plain run per prompt serving as every
 cell's baseline; prints JSON per draft and K: speedup and its 95% interval, token acceptance, per-position
-acceptance, tau, c and c_v, greedy equality. Drafts may be draft models, EAGLE-1 heads or EAGLE-3 folders (read
-from each directory).
+acceptance, tau, c and c_v, greedy equality; and the product forms the lean forward measured in the process (the
+plain baseline's speed depends on them). Drafts may be draft models, EAGLE-1 heads or EAGLE-3 folders (read from
+each directory).
 
     python scripts/compare_heads.py --target DIR --data DATAGEN_DIR --draft eagle1=DIR eagle3=DIR --k 1 2 3 \\
         --prompts 12 --max-new-tokens 64 --draft-vocab 8192 --out OUT
@@ -52,7 +53,7 @@ def main(argv=None) -> dict:
             "c": r["c"], "c_v": r["c_v"], "greedy_match": r["greedy_match"], "repeats": r["repeats"],
             "backend": r["backend"]}
     report = {"target": args.target, "drafts": drafts, "settings": vars(args), "machine": platform.machine(),
-              "per_draft": rows, "out_dir": out}
+              "per_draft": rows, "block_forms": metrics["block_forms"], "out_dir": out}
     print(json.dumps(report, indent=2, default=str))
     return report
 

@@ -71,6 +71,9 @@ def test_eval_writes_full_schema_report_and_plots(setup):
         assert s["best_k"] in s["k_choice"]["indistinguishable"] and s["best_k"] == min(s["k_choice"]["indistinguishable"])
         assert s["speedup_ci95"] is not None
     assert metrics["repeats"]["stopped"] == "no verdict to settle (no decision contract)"  # run() outside the pipeline
+    # the lean forward's product forms the decodes ran with, one token's among them (plain decoding's, the baseline)
+    one = [f for f in metrics["block_forms"] if f["tokens"] == 1 and f["device"] == "cpu"]
+    assert one and all(f["form"] in ("F.linear", "padded") and f["form"] == min(f["ms"], key=f["ms"].get) for f in one)
     slower = [r for r in metrics["records"] if r["speedup"] < 1]  # warnings follow the measured speedup
     assert len(metrics["warnings"]) == len(slower)
     assert all(f"draft {r['draft']!r}, K={r['k']}, temperature {r['temperature']}:" in w
