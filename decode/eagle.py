@@ -46,7 +46,36 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
-class EagleHead(torch.nn.Module):
+class DecoderLayerMath:
+    """The decoder layer both EAGLE heads run (a Llama layer without biases): attention's q/k/v with rotary
+    embeddings, then o, the post-attention norm and the MLP. A head supplies the weights (``q k v o post_norm gate
+    up down``), its shape (``nh nkv hd eps``), ``cos_sin(pos, dtype)`` and ``_norm(x, weight)`` (its RMSNorm)."""
+
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor, linear=F.linear, rotary=None, repeat: bool = True):
+        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated; `repeat` False: the nkv KV heads
+        [B, nkv, T, hd], for an attention that reads them grouped), rotary applied. `linear`: the product
+        (F.linear, or one of decode/lean.py's forms in a decode); `rotary`: ``cos_sin`` of `pos`, when the caller
+        keeps a table."""
+        b, t, _ = x.shape
+        cos, sin = self.cos_sin(pos, x.dtype) if rotary is None else rotary
+        q = linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if not repeat:
+            return q, k, v
+        rep = self.nh // self.nkv
+        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
+    def _finish(self, residual: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
+        """The layer after attention: attn [B, nh, T, hd] -> the layer's output [B, T, H]."""
+        b, _, t, _ = attn.shape
+        r = residual + linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
+        y = self._norm(r, self.post_norm)
+        return r + linear(F.silu(linear(y, self.gate)) * linear(y, self.up), self.down)
+
+
+class EagleHead(DecoderLayerMath, torch.nn.Module):
     """fc + one Llama decoder layer over (embedding, target feature) -> hidden [B, T, H] for the target's head.
 
     Built from a Llama-family target (its config and rotary embedding; a decoder layer of it to start from,
@@ -89,26 +118,8 @@ class EagleHead(torch.nn.Module):
         cos, sin = self.rotary(self.q.new_empty(0, dtype=dtype), pos)
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
-    def _qkv(self, x: torch.Tensor, pos: torch.Tensor, linear=F.linear, rotary=None, repeat: bool = True):
-        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated; `repeat` False: [B, nkv, T, hd]), rotary
-        applied. `linear`: the product (F.linear, or one of decode/lean.py's forms in a decode); `rotary`:
-        :meth:`cos_sin` of `pos`, when the caller keeps a table."""
-        b, t, _ = x.shape
-        cos, sin = self.cos_sin(pos, x.dtype) if rotary is None else rotary
-        q = linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        if not repeat:
-            return q, k, v
-        rep = self.nh // self.nkv
-        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-    def _finish(self, x: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
-        b, _, t, _ = attn.shape
-        x = x + linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
-        y = _rms(x, self.post_norm, self.eps)
-        return x + linear(F.silu(linear(y, self.gate)) * linear(y, self.up), self.down)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _rms(x, weight, self.eps)
 
     def forward(self, emb: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
         """`emb` [B, T, H] (embeddings of x_{t+1}), `h` [B, T, H] (the target's features h_t), `pos` [B, T]
@@ -205,8 +216,8 @@ class EagleRunner:
 
     `products(T)` gives the matrix product for a block of T slots (default F.linear): in a decode, the target's
     lean forward's measured form (decode/lean.py ``LeanModel.block_product``), the head's matrices being streamed
-    from memory as the target's are. The cache keeps the KV heads ungrouped (attention reads them grouped), and
-    the rotary table is computed once per capacity.
+    from memory as the target's are. The cache keeps the nkv KV heads (not repeated to nh: SDPA's ``enable_gqa``
+    reads them), and the rotary table is computed once per capacity.
     """
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, lm_head: torch.Tensor, capacity: int,

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decode.eagle import EagleRunner
+from draftsmith.decode.eagle import DecoderLayerMath, EagleRunner
 
 WEIGHTS = "model.safetensors"
 SPECULATORS_TYPE = "eagle3"
@@ -89,12 +89,7 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class Eagle3Head(torch.nn.Module):
+class Eagle3Head(DecoderLayerMath, torch.nn.Module):
     """The EAGLE-3 head (module docstring). `cfg`: its ``transformer_layer_config`` (:func:`layer_config`);
     `layers`: the target's feature layer ids; `vocab`: the draft vocabulary's target ids, sorted (None: the whole
     target vocabulary); `target_hidden`: the width of each feature layer."""
@@ -160,27 +155,8 @@ class Eagle3Head(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, hd]
 
-    def _qkv(self, x: torch.Tensor, pos: torch.Tensor, linear=F.linear, rotary=None, repeat: bool = True):
-        """q [B, nh, T, hd], k and v [B, nh, T, hd] (KV heads repeated; `repeat` False: [B, nkv, T, hd], for an
-        attention that reads grouped heads), rotary applied. `linear`: the product (F.linear, or one of
-        decode/lean.py's forms in a decode); `rotary`: :meth:`cos_sin` of `pos`, when the caller keeps a table."""
-        b, t, _ = x.shape
-        cos, sin = self.cos_sin(pos, x.dtype) if rotary is None else rotary
-        q = linear(x, self.q).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = linear(x, self.k).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = linear(x, self.v).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        if not repeat:
-            return q, k, v
-        rep = self.nh // self.nkv
-        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-
-    def _finish(self, residual: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
-        """The layer after attention: attn [B, nh, T, hd] -> the pre-norm output [B, T, H]."""
-        b, _, t, _ = attn.shape
-        r = residual + linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.o)
-        y = _rms(r, self.post_norm, self.eps)
-        return r + linear(F.silu(linear(y, self.gate)) * linear(y, self.up), self.down)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _rms(x, weight, self.eps)
 
     def logits(self, out: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """Pre-norm outputs [.., H] -> logits over the draft vocabulary [.., Vd]."""

@@ -194,7 +194,8 @@ def fastest_form(weights: list[torch.Tensor], t: int, repeats: int = 5) -> str:
     size = t if t <= 16 else 1 << (t - 1).bit_length()  # prefills of many lengths: one timing per power of two
     key = (weights[0].device.type, weights[0].dtype, torch.get_num_threads(), tuple(w.shape for w in weights), size)
     if key not in _BLOCK_FORM:
-        inputs = [torch.randn(1, size, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+        gen = torch.Generator(weights[0].device).manual_seed(0)  # not the global RNG: a decode's sampling may use it
+        inputs = [torch.randn(1, size, w.shape[1], dtype=w.dtype, device=w.device, generator=gen) for w in weights]
         forms = candidate_forms(size)
         times: dict[str, list[float]] = {form: [] for form in forms}
         with torch.inference_mode():
@@ -317,6 +318,10 @@ class LeanModel:
                 self._forms[key] = fastest_form(self._timed_weights(where, t), t)
             form = self._forms[key]
         return product(form, t)
+
+    def chosen_forms(self) -> dict[str, str]:
+        """The product form this model's forwards took per ``"layer@T"`` / ``"head@T"`` so far."""
+        return {f"{where}@{t}": form for (where, t), form in sorted(self._forms.items())}
 
     def _timed_weights(self, where: str, t: int) -> list[torch.Tensor]:
         """The matrices :func:`fastest_form` times for a block of `t` tokens: the head, or the

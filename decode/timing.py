@@ -70,7 +70,8 @@ class _Eagle3Steps(_EagleSteps):
     def forward(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
         tokens, head = input_ids[0], self.runner.head
         aux = self.runner.embed.new_zeros((tokens.shape[0], len(head.layers) * head.target_hidden))
-        return self.runner.logits(self.runner.forward(tokens, self.runner.fuse(aux))[-keep:])  # fc timed, as a round runs it
+        fused = self.runner.fuse(aux)  # fc timed, as a round runs it
+        return self.runner.logits(self.runner.forward(tokens, fused)[-keep:])
 
 
 class _LookupSteps:

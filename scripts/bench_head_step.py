@@ -1,16 +1,18 @@
-"""A draft head's proposal cost in the decode's round pattern, with each product form for its matrices.
+"""A draft head's proposal cost in the decode's round pattern, with each product form for its matrices (CPU).
 
     python scripts/bench_head_step.py --target TARGET_DIR --head HEAD_DIR [--k 2] [--context 200] [--repeats 30]
 
-The head (an EAGLE-3 folder, or an EAGLE-1 head with its draft vocabulary) runs as draftsmith's loop runs it
+The head (an EAGLE-3 folder, or an EAGLE-1 head with its draft vocabulary) runs in its decode-time runner
 (decode/eagle3.py ``Eagle3Runner``, decode/eagle.py ``EagleRunner``): after `--context` cached positions, each
 repeat times a plain target step, a verification forward of K+1 tokens (which streams the target's weights, so the
 head's are read from memory as in a decode), then the round's K proposals: the real slots (two: one accepted
-draft and the bonus token, through ``fc``) and K-1 speculative slots, each scored over the draft vocabulary and
-its argmax taken. The proposals run once with ``F.linear`` for every product (``products`` left out) and once
-with the target's lean forward's measured form (``LeanModel.block_product``, what a decode hands the runner),
-in alternating order. Prints JSON: the medians of per-repeat ratios c = (proposal seconds / K) / plain step per
-form, the milliseconds behind them, their ratio, and whether the two forms proposed the same tokens.
+draft and the bonus token, their features through ``fc``; a decode fuses the K+1 verified positions' features) and
+K-1 speculative slots, each scored over the draft vocabulary and its argmax taken. The proposals run once with
+``F.linear`` for every product (``products`` left out) and once with the target's lean forward's measured form
+(``LeanModel.block_product``, what a decode hands the runner), in alternating order; the rest of the runner (the
+grouped KV cache, the rotary table) is the same for both, so the ratio is the product form's alone. Prints JSON:
+the medians of per-repeat ratios c = (proposal seconds / K) / plain step per form, the milliseconds behind them,
+their ratio, and whether the two forms proposed the same tokens.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import time
 import torch
 
 
-def _round(target, runner, fuse, one_aux, tokens, p: int, k: int) -> tuple[float, list[int]]:
+def _round(runner, fuse, one_aux, tokens, p: int, k: int) -> tuple[float, list[int]]:
     """Seconds of one round's K proposals after `p` cached slots; the cache is cropped back after."""
     started = time.perf_counter()
     hidden = runner.forward(tokens[:2], fuse(one_aux))[-1:]  # the real slots the last round accepted
@@ -100,7 +102,7 @@ def main(argv=None) -> dict:
             for name in (list(forms) if r % 2 else list(forms)[::-1]):
                 tgt.forward(one.repeat(1, args.k + 1), keep=args.k + 1)  # the verification before the round
                 tgt.crop(args.context)
-                seconds, proposed = _round(target, runners[name], fuses[name], aux, tokens, args.context - 1, args.k)
+                seconds, proposed = _round(runners[name], fuses[name], aux, tokens, args.context - 1, args.k)
                 if r >= 2:
                     ratios[name].append(seconds / args.k / plain)
                     ms[name].append(seconds / args.k * 1e3)
@@ -110,7 +112,7 @@ def main(argv=None) -> dict:
     c = {name: statistics.median(v) for name, v in ratios.items()}
     out = {"target": args.target, "head": args.head, "k": args.k, "context": args.context, "repeats": args.repeats,
            "threads": torch.get_num_threads(), "machine": platform.machine(),
-           "lean_forms": {f"{where}@{t}": form for (where, t), form in sorted(tgt._forms.items())},
+           "lean_forms": tgt.chosen_forms(),
            "plain_step_ms": round(statistics.median(plain_ms), 3),
            "proposal_ms": {name: round(statistics.median(v), 3) for name, v in ms.items()},
            "c": {name: round(v, 4) for name, v in c.items()},

@@ -379,27 +379,37 @@ def good_head(target):
     return trained_head(target)
 
 
-def test_the_runner_computes_the_heads_forward_incrementally(target):
-    """Slots fed in blocks and one at a time, with a crop and a re-feed, give EagleHead.forward's outputs."""
+@pytest.mark.parametrize("form", ["F.linear", "weight-first", "padded"])
+def test_the_runner_computes_the_heads_forward_incrementally(target, form):
+    """Slots fed in blocks and one at a time, with a crop and a re-feed, give EagleHead.forward's outputs, with each
+    of the lean forward's product forms (``products``, what a decode hands the runner), through a cache that keeps
+    the KV heads grouped and grows past its first capacity (16 slots)."""
+    from draftsmith.decode.lean import product
+
     head = randomised(EagleHead(target), seed=7)
-    emb, h, pos = inputs(target, b=1, t=9, seed=8)
-    ids = torch.randint(4, target.config.vocab_size, (9,), generator=torch.Generator().manual_seed(9))
+    emb, h, pos = inputs(target, b=1, t=20, seed=8)
+    ids = torch.randint(4, target.config.vocab_size, (20,), generator=torch.Generator().manual_seed(9))
     emb = F.embedding(ids, target.model.embed_tokens.weight).unsqueeze(0)
     want, _ = head(emb, h, pos)
-    runner = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, capacity=4)  # grows
+    products = lambda t: product(form, t)  # noqa: E731
+    runner = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, capacity=4, products=products)
+    assert runner.k.shape[1:3] == (head.nkv, 16) and head.nkv < head.nh
     with torch.no_grad():
-        a = runner.forward(ids[:5], h[0, :5])
-        runner.forward(ids[5:7], h[0, 5:7] + 1.0)  # a wrong guess, rolled back
-        runner.crop(5)
-        b = runner.forward(ids[5:6], h[0, 5:6])
-        c = runner.forward(ids[6:], h[0, 6:])
-    torch.testing.assert_close(torch.cat([a, b, c]), want[0], rtol=1e-5, atol=1e-5)
-    assert len(runner) == 9 and runner.forwards == 4
+        a = runner.forward(ids[:12], h[0, :12])
+        runner.forward(ids[12:14], h[0, 12:14] + 1.0)  # a wrong guess, rolled back
+        runner.crop(12)
+        b = runner.forward(ids[12:13], h[0, 12:13])
+        c = runner.forward(ids[13:], h[0, 13:])  # past 16 slots: the cache and the rotary table grow
+    assert runner.k.shape[2] > 16
+    torch.testing.assert_close(torch.cat([a, b, c]), want[0], rtol=1e-4, atol=1e-4)  # float rounding of the forms
+    assert len(runner) == 20 and runner.forwards == 4
     logits = runner.logits(c)
-    torch.testing.assert_close(logits, c @ target.lm_head.weight.T)
+    torch.testing.assert_close(logits, c @ target.lm_head.weight.T, rtol=1e-5, atol=1e-5)
     vocab = torch.tensor([4, 9, 17, 30])
-    sub = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, 16, vocab=vocab).logits(c)
-    assert torch.isinf(sub[:, 5]).all() and torch.equal(sub[:, vocab], logits[:, vocab])
+    sub = EagleRunner(head, target.model.embed_tokens.weight, target.lm_head.weight, 16, vocab=vocab,
+                      products=products).logits(c)
+    assert torch.isinf(sub[:, 5]).all()
+    torch.testing.assert_close(sub[:, vocab], logits[:, vocab], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

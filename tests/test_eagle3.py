@@ -136,30 +136,60 @@ def test_the_training_time_test_is_what_a_decode_round_computes(target):
 @pytest.mark.parametrize("form", ["F.linear", "weight-first", "padded"])
 def test_the_runner_takes_the_lean_forwards_products(target, form):
     """A decode hands the runner the target's measured product form (``products``); each form gives ``ttt``'s
-    outputs and the head's logits up to float rounding, through a cache that grows and keeps its KV heads
-    grouped (the tiny target has 2 KV heads for 4), with a rolled-back guess in between."""
+    outputs and the head's logits up to float rounding, through a cache that keeps its KV heads grouped (the tiny
+    target has 2 KV heads for 4) and grows past its first capacity (16 slots), with a rolled-back guess between."""
     from draftsmith.decode.lean import product
 
     head = randomised(head_for_target(target, LAYERS, torch.arange(4, 60)), seed=15)
-    ids, aux, _ = rows_of(target, n=1, t=9, seed=16)
-    emb_w, nxt = target.model.embed_tokens.weight, ids[0, 1:]
-    want = head.ttt(F.embedding(nxt, emb_w)[None], head.fuse(aux[0, :-1])[None], torch.arange(8)[None], 2)
+    ids, aux, _ = rows_of(target, n=1, t=25, seed=16)
+    emb_w, nxt = target.model.embed_tokens.weight, ids[0, 1:]  # slot s: (x_{s+1}, f_s), s = 0 .. 23
+    want = head.ttt(F.embedding(nxt, emb_w)[None], head.fuse(aux[0, :-1])[None], torch.arange(24)[None], 2)
     runner = Eagle3Runner(head, emb_w, target.config.vocab_size, capacity=4, products=lambda t: product(form, t))
-    assert head.nkv < head.nh and runner.k.shape[1] == head.nkv
+    assert head.nkv < head.nh and runner.k.shape[1] == head.nkv and runner.k.shape[2] == 16
     with torch.no_grad():
         fused = runner.fuse(aux[0, :-1])
         torch.testing.assert_close(fused, head.fuse(aux[0, :-1]), rtol=1e-5, atol=1e-5)
-        a = runner.forward(nxt[:5], fused[:5])
-        runner.forward(nxt[5:7], fused[5:7] + 1.0)  # a wrong guess, rolled back
-        runner.crop(5)
-        b = runner.forward(nxt[5:8], fused[5:8])  # past the first capacity: the cache and the rotary table grow
-        runner.crop(7)
-        second = runner.forward(nxt[7:8], b[1:2])  # slot 7 reading the head's own output at slot 6: ttt's step 1
-    torch.testing.assert_close(torch.cat([a, b]), want[0][0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(second[0], want[1][0, 7], rtol=1e-4, atol=1e-4)
-    logits = runner.logits(b)
-    torch.testing.assert_close(logits[:, head.vocab], head.logits(b), rtol=1e-5, atol=1e-5)
-    assert torch.isinf(logits[:, 0]).all() and logits.shape == (3, target.config.vocab_size)
+        a = runner.forward(nxt[:12], fused[:12])
+        runner.forward(nxt[12:15], fused[12:15] + 1.0)  # a wrong guess, rolled back
+        runner.crop(12)
+        b = runner.forward(nxt[12:13], fused[12:13])
+        c = runner.forward(nxt[13:20], fused[13:20])  # past 16 slots: the cache and the rotary table grow
+        assert runner.k.shape[2] > 16 and len(runner) == 20
+        runner.crop(19)
+        second = runner.forward(nxt[19:20], c[-2:-1])  # slot 19 reading the head's own output at slot 18: step 1
+    torch.testing.assert_close(torch.cat([a, b, c]), want[0][0, :20], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(second[0], want[1][0, 19], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(second[0], want[0][0, 19], atol=1e-3)  # the speculative slot is not the real one
+    logits = runner.logits(c)
+    torch.testing.assert_close(logits[:, head.vocab], head.logits(c), rtol=1e-5, atol=1e-5)
+    assert torch.isinf(logits[:, 0]).all() and logits.shape == (7, target.config.vocab_size)
+
+
+def test_a_decode_hands_the_head_the_lean_forwards_products(target, monkeypatch):
+    """eagle3_generate and the cost ratios run the head's matrices through ``LeanModel.block_product`` (a spy on
+    the products it returns sees the head's own matrices: its fc, its q and its draft-vocabulary head)."""
+    from draftsmith.decode import lean as lean_module
+    from draftsmith.decode.timing import cost_ratios
+
+    head = randomised(head_for_target(target, LAYERS, torch.arange(4, 60)), seed=17)
+    seen = set()
+    plain = lean_module.LeanModel.block_product
+
+    def spy(self, t, where="layer"):
+        f = plain(self, t, where)
+
+        def recorded(x, w, *rest):
+            seen.add(id(w))
+            return f(x, w, *rest)
+        return recorded
+
+    monkeypatch.setattr(lean_module.LeanModel, "block_product", spy)
+    prompt = torch.randint(4, target.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    eagle3_generate(target, head, prompt, k=2, max_new_tokens=6)
+    assert {id(head.fc), id(head.q), id(head.lm_head), id(head.down)} <= seen
+    seen.clear()
+    cost_ratios(target, head, prompt, ks=[2], repeats=1)
+    assert {id(head.fc), id(head.q), id(head.lm_head)} <= seen
 
 
 def test_the_ttt_loss_by_hand_for_two_steps(target):

@@ -99,25 +99,6 @@ def test_the_block_form_is_measured_once_per_shape_and_size(monkeypatch):
     for t in (33, 40, 64):  # longer blocks (prefills) share one timing per power of two, padding not a candidate
         assert lean_module.fastest_form(weights, t) in ("F.linear", "weight-first")
     assert len(lean_module._BLOCK_FORM) == 3
-
-
-def test_the_measured_forms_are_kept_for_the_record(monkeypatch):
-    """measured_forms: each timing's block size, matrices, the form taken and every candidate's milliseconds (the
-    taken form the fastest of them), what eval/metrics.json keeps as ``block_forms``."""
-    from draftsmith.decode import lean as lean_module
-
-    monkeypatch.setattr(lean_module, "_BLOCK_FORM", {})
-    monkeypatch.setattr(lean_module, "_BLOCK_MS", {})
-    weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(48, 32)]
-    lean_module.fastest_form(weights, 1)
-    lean_module.fastest_form(weights, 3)
-    forms = lean_module.measured_forms()
-    assert [(f["tokens"], f["matrices"], f["device"], f["dtype"]) for f in forms] == [(1, 3, "cpu", "float32"),
-                                                                                     (3, 3, "cpu", "float32")]
-    assert set(forms[0]["ms"]) == {"F.linear", "padded"} and set(forms[1]["ms"]) == set(lean_module.FORMS)
-    for f in forms:
-        assert f["form"] == min(f["ms"], key=f["ms"].get) and all(ms > 0 for ms in f["ms"].values())
-        assert f["threads"] == torch.get_num_threads()
     lean = LeanModel(MODELS["llama-gqa"](), capacity=16)
     chosen = {3: "padded", 4: "F.linear", 5: "weight-first", 1: "padded"}
     monkeypatch.setattr(lean_module, "fastest_form", lambda w, n: chosen[n])
@@ -129,6 +110,27 @@ def test_the_measured_forms_are_kept_for_the_record(monkeypatch):
     assert lean.block_product(1, "layer") is lean.block_product(3, "head") is torch.nn.functional.linear
     with pytest.raises(ValueError, match="unknown block product 'fast'"):
         lean_module.product("fast", 3)
+
+
+def test_the_measured_forms_are_kept_for_the_record(monkeypatch):
+    """measured_forms: each timing's block size, matrices, the form taken and every candidate's milliseconds (the
+    taken form the fastest of them), what eval/metrics.json keeps as ``block_forms``."""
+    from draftsmith.decode import lean as lean_module
+
+    monkeypatch.setattr(lean_module, "_BLOCK_FORM", {})
+    monkeypatch.setattr(lean_module, "_BLOCK_MS", {})
+    weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(48, 32)]
+    rng = torch.get_rng_state()
+    lean_module.fastest_form(weights, 1)
+    lean_module.fastest_form(weights, 3)
+    assert torch.equal(torch.get_rng_state(), rng)  # timed on its own generator: a decode's sampling draws unmoved
+    forms = lean_module.measured_forms()
+    assert [(f["tokens"], f["matrices"], f["device"], f["dtype"]) for f in forms] == [(1, 3, "cpu", "float32"),
+                                                                                     (3, 3, "cpu", "float32")]
+    assert set(forms[0]["ms"]) == {"F.linear", "padded"} and set(forms[1]["ms"]) == set(lean_module.FORMS)
+    for f in forms:
+        assert f["form"] == min(f["ms"], key=f["ms"].get) and all(ms > 0 for ms in f["ms"].values())
+        assert f["threads"] == torch.get_num_threads()
 
 
 def test_a_block_padded_with_a_zero_column_is_f_linear():
