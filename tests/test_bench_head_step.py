@@ -32,3 +32,19 @@ def test_head_step_bench_times_both_forms(tmp_path, tokenizer, monkeypatch):
     assert out["plain_step_ms"] > 0 and out["proposal_ms"]["lean"] > 0
     assert out["same_proposals"] is True  # the forms differ by float rounding only
     assert out["lean_forms"]["layer@1"] == out["lean_forms"]["layer@2"] == "padded"  # the runner asked for both sizes
+
+
+def test_head_step_bench_takes_an_eagle1_head_with_its_vocabulary(tmp_path, tokenizer, monkeypatch):
+    from draftsmith.decode.eagle import EagleHead, save_eagle
+    from draftsmith.decode.vocab import save_vocab
+
+    monkeypatch.setattr("draftsmith.decode.lean.fastest_form", lambda weights, t, repeats=5: "padded")
+    target = make_model("llama", seed=0, layers=2)
+    target.save_pretrained(tmp_path / "t")
+    tokenizer.save_pretrained(tmp_path / "t")
+    save_eagle(tmp_path / "h", EagleHead(target))
+    save_vocab(tmp_path / "vocab.json", torch.arange(4, 40))
+    out = bench_head_step.main(["--target", str(tmp_path / "t"), "--head", str(tmp_path / "h"), "--vocab",
+                                str(tmp_path / "vocab.json"), "--k", "2", "--context", "12", "--repeats", "2"])
+    assert all(v > 0 for v in out["c"].values()) and out["same_proposals"] is True
+    assert out["lean_forms"]["layer@2"] == "padded"
