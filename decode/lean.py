@@ -217,10 +217,12 @@ def measured_forms() -> list[dict]:
     block size and set of matrices, the form taken and each form's median milliseconds over those matrices. A
     decode's speed depends on them: a one-token form timed slow by a noisy moment slows plain decoding, and every
     speedup against it reads higher."""
-    return [{"device": device, "dtype": str(dtype).removeprefix("torch."), "threads": threads, "tokens": size,
-             "matrices": len(shapes), "form": _BLOCK_FORM[key],
-             "ms": dict(_BLOCK_MS.get(key, {}))}
-            for key in _BLOCK_FORM for device, dtype, threads, shapes, size in [key]]
+    out = []
+    for key, form in _BLOCK_FORM.items():
+        device, dtype, threads, shapes, size = key
+        out.append({"device": device, "dtype": str(dtype).removeprefix("torch."), "threads": threads, "tokens": size,
+                    "matrices": len(shapes), "form": form, "ms": dict(_BLOCK_MS.get(key, {}))})
+    return out
 
 
 class _Layer:
