@@ -29,13 +29,13 @@ COVERED = {
         "tests/test_pipeline.py::test_demo_path_with_tiny_preset (same command, tiny demo preset)",
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]' && "
     "python -m pytest": ".ci/run",
-    "python3 -m venv .venv-lowest && . .venv-lowest/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]' "
-    "'transformers==5.0.0' && pip install --no-deps arctic-inference==0.3.0 && OMP_NUM_THREADS=1 python -m pytest "
+    "python3 -m venv .venv-lowest && . .venv-lowest/bin/activate && pip install torch==2.5.1 && pip install -e '.[dev]' "
+    "'transformers==5.0.0' 'torch==2.5.1' && pip install --no-deps arctic-inference==0.3.0 && OMP_NUM_THREADS=1 python -m pytest "
     "tests/test_transformers_compat.py tests/test_greedy_equivalence.py "
     "tests/test_loop_stubs.py tests/test_lean.py tests/test_sampling_distribution.py tests/test_pair.py tests/test_draft_vocab.py tests/test_eagle.py "
     "tests/test_eagle3.py tests/test_ngram.py tests/test_suffix_loop.py -q":
         ".ci/run (tests/test_transformers_compat.py::test_ci_tests_the_lowest_declared_transformers checks that it "
-        "pins pyproject.toml's lower bound)",
+        "pins pyproject.toml's lower bounds)",
     # -- README.md: the demo run again
     "draftsmith method.loss=tvd": "test_readme_pipeline_commands",
     "draftsmith stages=[eval] eval.k=[1,2,3,4,6]": "test_readme_pipeline_commands",

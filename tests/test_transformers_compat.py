@@ -130,7 +130,8 @@ def test_declared_transformers_range_is_the_supported_one():
 
 
 def test_ci_tests_the_lowest_declared_transformers():
-    """The README's lowest-version command pins pyproject.toml's lower bound, and .ci/run runs it verbatim."""
+    """The README's lowest-version command pins pyproject.toml's lower bounds (transformers and torch), and .ci/run
+    runs it verbatim."""
     from draftsmith.decode.cache import SUPPORTED_TRANSFORMERS
 
     root = Path(__file__).resolve().parent.parent
@@ -139,6 +140,10 @@ def test_ci_tests_the_lowest_declared_transformers():
     assert len(commands) == 1, "README.md: one command that tests the lowest transformers (Set-up)"
     pinned = re.search(r"'transformers==([0-9.]+)'", commands[0]).group(1)
     assert [int(x) for x in pinned.split(".")][:2] == [int(x) for x in lowest.split(".")][:2]
+    torch_lowest = re.search(r'"torch>=([0-9.]+)"', (root / "pyproject.toml").read_text()).group(1)
+    torch_pins = set(re.findall(r"torch==([0-9.]+)", commands[0]))
+    assert len(torch_pins) == 1, "one torch release in the lowest-version command (pinned again where pip resolves)"
+    assert [int(x) for x in torch_pins.pop().split(".")][:2] == [int(x) for x in torch_lowest.split(".")][:2]
     assert commands[0] in (root / ".ci/run").read_text()
     assert "tests/test_greedy_equivalence.py" in commands[0]
     assert "tests/test_suffix_loop.py" in commands[0] and "arctic-inference" in commands[0]  # suffix decoding's equality
