@@ -312,7 +312,7 @@ def head_for_target(target: torch.nn.Module, layers: list[int] | None = None,
         head.down.copy_(m.down_proj.weight * 0.1)
         head.post_norm.copy_(src.post_attention_layernorm.weight)
         head.hidden_norm.copy_(src.input_layernorm.weight)
-        head.norm.copy_(_final_norm(target).weight)
+        head.norm.copy_(final_norm(target).weight)
         head.lm_head.copy_(head_w[head.vocab])
     return head
 
@@ -326,7 +326,8 @@ def _decoder_layers(model):
     return layers
 
 
-def _final_norm(model):
+def final_norm(model):
+    """The target's final norm: what its last layer's stream goes through before its head."""
     inner = getattr(model, "model", model)
     return getattr(getattr(inner, "language_model", inner), "norm")
 

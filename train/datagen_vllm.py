@@ -63,6 +63,8 @@ def request_body(model: str, prompt_ids: list[int], cfg, eos: set[int], seed: in
     if cfg.top_k_logprobs:
         body["logprobs"] = cfg.top_k_logprobs
         body["return_tokens_as_token_ids"] = True
+    if cfg.hidden_states != "none":  # the states of the generated tokens too, not only the prompt's
+        body["kv_transfer_params"] = {"include_output_tokens": True}
     return body
 
 
@@ -113,6 +115,12 @@ def records_of(response: dict, prompt_ids: list[int], cfg, eos: set[int]) -> lis
             pairs = [top_k_of(pos, cfg.top_k_logprobs) for pos in top[: len(tokens)]]
             rec["topk_ids"] = [ids for ids, _ in pairs]
             rec["topk_logprobs"] = [lps for _, lps in pairs]
+        if cfg.hidden_states != "none":
+            path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
+            if path is None:
+                raise VllmError("the vLLM server returned no hidden_states_path for a request: it did not keep the "
+                                "target's hidden states (data.hidden_states); set data.hidden_states=none")
+            rec["hidden_states_path"] = path  # moved into the output by train/target_states.py keep_states
         records.append(rec)
     return records
 
@@ -258,13 +266,34 @@ def server_args(cfg) -> list[str]:
 SMALL_HOST_CPUS = 4  # cpu_threads_env binds every CPU up to this many
 
 
-def server_spec(cfg, device: str) -> ServerSpec:
+def server_spec(cfg, device: str, states: Optional[dict] = None) -> ServerSpec:
     """How to launch vLLM for a datagen run `cfg` (a DatagenConfig) on vLLM's `device`; on the CPU, with
-    :func:`cpu_threads_env`."""
-    spec = cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=server_args(cfg))
+    :func:`cpu_threads_env`; with `states` (:func:`states_setup`), keeping the target's hidden states."""
+    extra = server_args(cfg)
+    if states is not None:
+        from draftsmith.train.target_states import vllm_server_args
+
+        extra += vllm_server_args(states["layers"], states["final_layer"], states["module"], states["folder"])
+    spec = cfg.vllm.spec(cfg.target, device=device, dtype=cfg.dtype, extra_args=extra)
     if device == "cpu":
         spec.env.update(cpu_threads_env(ranks=cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size))
+    if states is not None:  # the connector module, where vLLM's interpreter imports it
+        spec.env["PYTHONPATH"] = os.pathsep.join(x for x in (states["modules"], os.environ.get("PYTHONPATH")) if x)
     return spec
+
+
+def states_setup(cfg, workdir: Path) -> dict:
+    """Where and what a server keeping the target's hidden states (``data.hidden_states``) writes: the layers, the
+    connector module (copied under ``workdir/modules``) and the folder the files go to (``workdir/states``)."""
+    from draftsmith.serve.vllm_hidden_states import install
+    from draftsmith.train.target_states import state_layers
+
+    layers, final = state_layers(cfg.target)
+    modules, folder = workdir / "modules", workdir / "states"
+    modules.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"layers": layers, "final_layer": final, "module": install(modules), "modules": str(modules),
+            "folder": str(folder)}
 
 
 def cpu_threads_env(environ=None, ranks: int = 1) -> dict[str, str]:
@@ -300,6 +329,9 @@ class Engine:
 def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
     """The vLLM server for `cfg`: the one at ``data.vllm.url``, or one started here (stopped on leaving)."""
     s = cfg.vllm
+    if s.url and cfg.hidden_states != "none":
+        raise VllmError(f"data.hidden_states={cfg.hidden_states} needs a vLLM server started here, with draftsmith's "
+                        f"connector: unset data.vllm.url ({s.url}), or set data.hidden_states=none")
     if s.url:
         url = s.url.rstrip("/")
         yield Engine(url, served_model(url, key="data.vllm.url"),
@@ -307,7 +339,8 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
         return
     started = time.perf_counter()
     found = require_vllm(s.python, key="data.vllm.python", engine_key="data.engine")
-    spec = server_spec(cfg, found.get("device") or "cpu")
+    states = states_setup(cfg, Path(log_path).parent) if cfg.hidden_states != "none" else None
+    spec = server_spec(cfg, found.get("device") or "cpu", states)
     log(f"draftsmith: datagen: starting vLLM {found.get('version')} ({found.get('device')}); log {log_path}")
     with contextlib.ExitStack() as stack:
         try:
@@ -316,6 +349,8 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
             raise VllmError(f"{exc}\n{UNSERVABLE_HINT}") from None
         info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
                 "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
+        if states is not None:
+            info["hidden_states"] = {"layers": states["layers"], "final_layer": states["final_layer"]}
         try:
             yield Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
         except VllmError as exc:  # a request failed: the reason, if the server gave one, is in its log only

@@ -41,6 +41,41 @@ def verifier_of(target: str, model) -> tuple[str, list[str]]:
     return name, list(getattr(model.config, "architectures", None) or [type(model).__name__])
 
 
+def kept_states(cfg: TrainConfig, target, layers: list[int], bf16: bool, log=print):
+    """(a reader of the target's states the datagen output keeps for these `layers`, for train/features.py
+    run_features' `stored`, or None; where the features come from, for their key: "vllm" or "forward"). Rows the
+    output keeps no states for (scored given responses) are computed by the forward."""
+    import json
+
+    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
+    from draftsmith.decode.eagle3 import final_norm
+    from draftsmith.train.target_states import states_file, stored_features, stored_layers
+
+    manifest = json.loads((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_text())
+    kept = stored_layers(manifest)
+    if kept is None:
+        return None, "forward"
+    if sorted(kept[0]) != sorted(layers):
+        log(f"train: {cfg.data_dir} keeps the target's states at layers {kept[0]}, the head reads {layers}: the "
+            "target runs over the rows here")
+        return None, "forward"
+    norm, head_w = final_norm(target), target.get_output_embeddings().weight.detach()
+
+    def stored(split: str, row: int, prompt: list[int], completion: list[int], top: bool):
+        path = states_file(cfg.data_dir, split, row)
+        if not path.exists():
+            return None
+        try:
+            return stored_features(path, prompt, completion, len(layers), norm, head_w, top,
+                                   torch.bfloat16 if bf16 and not top else torch.float32)
+        except ValueError as exc:
+            raise TrainingError(f"method.finetune=eagle3: {exc}") from exc
+
+    log(f"train: the target's states at layers {layers} as vLLM kept them in {cfg.data_dir} "
+        f"({manifest['hidden_states'].get('rows')} rows)")
+    return stored, "vllm"
+
+
 class Eagle3Objective(Objective):
     """An EAGLE-3 head over the target's teacher-forced features, scored by train/eagle3.py ``eagle3_loss`` (under
     ``method.mixed_precision``'s autocast; held-out figures in float32, as the head is served)."""
@@ -90,9 +125,11 @@ class Eagle3Objective(Objective):
         self.emb_w = target.get_input_embeddings().weight.detach()
         self.full_w = target.get_output_embeddings().weight.detach()
 
+        stored, source = kept_states(cfg, target, head.layers, str(accelerator.mixed_precision) == "bf16",
+                                     accelerator.print)
         self.ftrain, self.fheld = run_features(cfg, accelerator, ds,
                                                lambda rows, top: target_aux_rows(target, rows, head.layers, top=top),
-                                               kind="eagle3", layers=list(head.layers))
+                                               stored=stored, kind="eagle3", layers=list(head.layers), source=source)
         self.n_rows = len(self.ftrain)
 
     def prepared(self, model) -> None:

@@ -32,15 +32,37 @@ FEATURES_FORMAT = 2  # bump when what features.pt holds changes: older files are
 
 def split_rows(split, max_len: int | None) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, completion_ids) of a datagen split, cut to `max_len` tokens in all (method.max_len)."""
-    out = []
-    for row in split:
+    return indexed_split_rows(split, max_len)[1]
+
+
+def indexed_split_rows(split, max_len: int | None) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """(each kept row's index in the split, :func:`split_rows`): rows of fewer than 2 tokens are left out."""
+    index, out = [], []
+    for i, row in enumerate(split):
         prompt, completion = list(row["prompt_ids"]), list(row["completion_ids"])
         if max_len is not None:
             prompt = prompt[:max_len]
             completion = completion[:max(0, max_len - len(prompt))]
         if len(prompt) + len(completion) >= 2:
+            index.append(i)
             out.append((prompt, completion))
-    return out
+    return index, out
+
+
+def with_stored(compute: Callable[..., list], stored: Callable[..., dict | None], train_index: list[int],
+                heldout_index: list[int]) -> Callable[..., list]:
+    """`compute` that first asks `stored(split, row_index, prompt, completion, top)` for each row's features (the
+    states a datagen output keeps: train/target_states.py) and runs `compute` on the rows without them only, in
+    order. The training rows are the ones asked for without `top`, the held-out ones with it (load_features)."""
+    def both(rows, top: bool) -> list:
+        split, index = ("heldout", heldout_index) if top else ("train", train_index)
+        items = [stored(split, i, prompt, completion, top) for i, (prompt, completion) in zip(index, rows)]
+        missing = [j for j, item in enumerate(items) if item is None]
+        if missing:
+            for j, item in zip(missing, compute([rows[j] for j in missing], top)):
+                items[j] = item
+        return items
+    return both
 
 
 def features_key(cfg, n_train: int, n_heldout: int, train_precision: str = "no", **kind) -> dict:
@@ -86,11 +108,13 @@ def load_features(out_dir: Path, key: dict, compute: Callable[..., list], train_
     return train, heldout
 
 
-def run_features(cfg, accelerator, ds, compute: Callable[..., list], **kind) -> tuple[list, list]:
+def run_features(cfg, accelerator, ds, compute: Callable[..., list], stored: Callable[..., dict | None] | None = None,
+                 **kind) -> tuple[list, list]:
     """A train run's features (:func:`load_features` in ``cfg.out_dir``, keyed by :func:`features_key` and `kind`)
     of the datagen splits `ds`: every training row and the first ``method.eval_rows`` held-out ones, cut to
     ``method.max_len``, the training rows under the accelerator's autocast when it is bf16, the held-out ones in
-    float32; the main process writes them, every process waits for it. A TrainingError when fewer
+    float32; the main process writes them, every process waits for it. With `stored`, a row's features come from
+    it where it has them (:func:`with_stored`), from `compute` elsewhere. A TrainingError when fewer
     usable training rows than one batch per process remain."""
     from draftsmith.train.loop import TrainingError
 
@@ -99,8 +123,11 @@ def run_features(cfg, accelerator, ds, compute: Callable[..., list], **kind) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     bf16 = str(accelerator.mixed_precision) == "bf16"
     key = features_key(cfg, len(ds["train"]), len(heldout), train_precision="bf16" if bf16 else "no", **kind)
-    train, held = load_features(out_dir, key, compute, split_rows(ds["train"], cfg.max_len),
-                                split_rows(heldout, cfg.max_len), log=accelerator.print,
+    train_index, train_rows = indexed_split_rows(ds["train"], cfg.max_len)
+    heldout_index, heldout_rows = indexed_split_rows(heldout, cfg.max_len)
+    if stored is not None:
+        compute = with_stored(compute, stored, train_index, heldout_index)
+    train, held = load_features(out_dir, key, compute, train_rows, heldout_rows, log=accelerator.print,
                                 write=accelerator.is_main_process,
                                 train_precision=accelerator.autocast if bf16 else contextlib.nullcontext)
     accelerator.wait_for_everyone()

@@ -22,6 +22,7 @@ from draftsmith.train.prompts import PromptFormat, PromptSource
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
 ENGINES = ("hf", "vllm", "auto")
 RESPONSES = ("generate", "given", "auto")
+HIDDEN_STATES = ("none", "eagle3")
 
 
 @dataclass(kw_only=True)
@@ -61,12 +62,20 @@ class DatagenSettings(PromptFormat):
     # target scores: top-k log-probs from one forward; data.engine=hf) | auto (given where a record carries one,
     # else generated). Which records carry one: train/prompts.py
     responses: str = "generate"
+    # the target's hidden states kept beside the rows, from vLLM as it writes them (data.engine=vllm; one per
+    # generated row): none | eagle3 (the streams entering the layers an EAGLE-3 head reads by default, vLLM's
+    # (2, L//2, L-3), and the stream after the last layer, the final norm's input): a method=eagle3 train stage
+    # reads them instead of running the target over the rows (train/target_states.py)
+    hidden_states: str = "none"
     vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings, metadata=WHERE)  # how the server runs
 
     def __post_init__(self):
         super().__post_init__()
         check_choice("data.engine", self.engine, ENGINES)
         check_choice("data.responses", self.responses, RESPONSES)
+        check_choice("data.hidden_states", self.hidden_states, HIDDEN_STATES)
+        check(self.hidden_states == "none" or self.n_completions == 1,
+              "data.hidden_states needs data.n_completions=1: vLLM keeps one sequence's states per request")
         if isinstance(self.vllm, dict):  # the Python API and JSON configs may give the section as a dict
             self.vllm = DatagenVllmSettings(**self.vllm)
         check(self.max_new_tokens >= 1, f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
