@@ -1,0 +1,189 @@
+"""The target's hidden states kept beside a datagen output (data.hidden_states=eagle3): what datagen asks vLLM for and
+keeps, and what an EAGLE-3 train stage reads from them (train/target_states.py). Here without vLLM: the states files
+are written as vLLM's connector writes them, from the HF forward; the real server's against the forward:
+tests/test_datagen_vllm_real.py (slow)."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import make_model
+from draftsmith.artifacts.errors import ConfigError
+from draftsmith.decode.eagle3 import final_norm, target_aux_features
+from draftsmith.serve.errors import VllmError
+from draftsmith.train.datagen import DatagenConfig
+from draftsmith.train.datagen_vllm import engine, records_of, request_body, server_spec, states_setup
+from draftsmith.train.eagle3 import target_aux_rows
+from draftsmith.train.features import run_features
+from draftsmith.train.target_states import keep_states, state_layers, states_file, stored_features
+
+LAYERS = [2, 4, 5]  # vLLM's EAGLE-3 layers of an 8-layer target: (2, L//2, L-3)
+
+
+def settings(**kw):
+    base = dict(target="t", prompts="-", out_dir="-", max_new_tokens=4, top_k_logprobs=0, hidden_states="eagle3")
+    return DatagenConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_model("llama", seed=0, hidden=32, layers=8)
+
+
+def vllm_like_states(target, fed: list[int]) -> torch.Tensor:
+    """[N, 4, H]: what vLLM's extract_hidden_states keeps for the tokens `fed` at LAYERS and layer L (the stream
+    after the last layer, the final norm's input), here from the HF forward."""
+    seen = {}
+    handle = final_norm(target).register_forward_pre_hook(lambda module, args: seen.setdefault("last", args[0]))
+    try:
+        x = torch.tensor([fed])
+        with torch.no_grad():
+            aux, _ = target_aux_features(target, x, torch.ones_like(x), LAYERS)
+    finally:
+        handle.remove()
+    return torch.cat([aux[0].reshape(len(fed), 3, -1), seen["last"][0][:, None]], dim=1)
+
+
+def write_states(path, target, prompt, completion):
+    """A states file as the connector writes it: every token but the last went through a forward."""
+    fed = (prompt + completion)[:-1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"hidden_states": vllm_like_states(target, fed), "token_ids": torch.tensor(fed)}, str(path))
+
+
+def test_settings_name_the_key():
+    with pytest.raises(ConfigError, match="data.hidden_states"):
+        settings(hidden_states="all")
+    with pytest.raises(ConfigError, match="data.n_completions=1"):
+        settings(n_completions=2, temperature=0.7)
+    assert settings(hidden_states="none").hidden_states == "none"
+
+
+def test_requests_ask_for_the_generated_tokens_states_and_rows_carry_the_file():
+    body = request_body("m", [4, 5], settings(), {2}, seed=0)
+    assert body["kv_transfer_params"] == {"include_output_tokens": True}
+    assert "kv_transfer_params" not in request_body("m", [4, 5], settings(hidden_states="none"), {2}, seed=0)
+    response = {"choices": [{"index": 0, "token_ids": [7, 8, 2]}], "kv_transfer_params": {"hidden_states_path": "/x"}}
+    [row] = records_of(response, [4, 5], settings(), {2})
+    assert row["hidden_states_path"] == "/x" and row["completion_ids"] == [7, 8, 2]
+    with pytest.raises(VllmError, match="data.hidden_states=none"):
+        records_of({"choices": [{"index": 0, "token_ids": [7]}]}, [4, 5], settings(), {2})
+
+
+def test_the_server_keeps_the_heads_layers_and_the_last_stream_through_draftsmiths_connector(tmp_path, target):
+    target.save_pretrained(tmp_path / "target")
+    cfg = settings(target=str(tmp_path / "target"))
+    states = states_setup(cfg, tmp_path / "work")
+    assert (states["layers"], states["final_layer"]) == (LAYERS, 8)
+    assert (tmp_path / "work" / "modules" / f"{states['module']}.py").exists()  # vLLM's interpreter imports it
+    spec = server_spec(cfg, "cpu", states)
+    args = spec.command(8000)
+    speculative = json.loads(args[args.index("--speculative-config") + 1])
+    assert speculative["method"] == "extract_hidden_states"
+    assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [*LAYERS, 8]
+    transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "CpuHiddenStatesConnector"
+    assert transfer["kv_connector_module_path"] == states["module"]
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "work" / "states")
+    assert spec.environment()["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "work" / "modules")
+    assert "--speculative-config" not in server_spec(settings(hidden_states="none"), "cpu").command(8000)
+
+
+def test_a_target_with_too_few_layers_and_a_server_elsewhere_are_refused(tmp_path):
+    make_model("llama", layers=4).save_pretrained(tmp_path / "small")
+    with pytest.raises(ConfigError, match="data.hidden_states=none"):
+        state_layers(str(tmp_path / "small"))
+    with pytest.raises(VllmError, match="data.vllm.url"):
+        with engine(settings(vllm={"url": "http://127.0.0.1:1"}), tmp_path / "log"):
+            pass
+
+
+def test_keep_states_moves_each_rows_file_into_the_output_and_checks_its_tokens(tmp_path, target):
+    rows = {"train": [{"prompt_ids": [3, 4], "completion_ids": [5, 6, 2]},
+                      {"prompt_ids": [3], "completion_ids": [7, 8]}],  # a scored row: no file
+            "heldout": [{"prompt_ids": [9, 10, 11], "completion_ids": [12]}]}
+    for split, i, path in (("train", 0, tmp_path / "v" / "a.safetensors"), ("heldout", 0, tmp_path / "v" / "b.st")):
+        write_states(path, target, rows[split][i]["prompt_ids"], rows[split][i]["completion_ids"])
+        (tmp_path / "v" / (path.name + ".lock")).touch()
+        rows[split][i]["hidden_states_path"] = str(path)
+    assert keep_states(rows, tmp_path / "out") == {"train": 1, "heldout": 1}
+    assert states_file(tmp_path / "out", "train", 0).exists() and states_file(tmp_path / "out", "heldout", 0).exists()
+    assert not states_file(tmp_path / "out", "train", 1).exists()
+    assert not any("hidden_states_path" in r for split in rows.values() for r in split)
+    assert not list((tmp_path / "v").iterdir())  # files and locks moved or removed
+    write_states(tmp_path / "w.st", target, [3, 4], [5, 6])
+    with pytest.raises(VllmError, match="train row 0"):
+        keep_states({"train": [{"prompt_ids": [3, 4], "completion_ids": [9, 6], "hidden_states_path":
+                                str(tmp_path / "w.st")}]}, tmp_path / "out2")
+
+
+def test_a_rows_stored_features_are_the_forwards_but_for_its_last_token(tmp_path, target):
+    prompt, completion = [3, 14, 15, 9], [26, 5, 35, 2]
+    write_states(tmp_path / "s.st", target, prompt, completion)
+    head_w = target.get_output_embeddings().weight
+    ours = stored_features(tmp_path / "s.st", prompt, completion, 3, final_norm(target), head_w, True, torch.float32)
+    hf = target_aux_rows(target, [(prompt, completion)], LAYERS, top=True)[0]
+    n = len(prompt) + len(completion) - 1
+    assert ours["ids"].tolist() == (prompt + completion)[:n] and ours["prompt_len"] == len(prompt)
+    torch.testing.assert_close(ours["aux"], hf["aux"][:n])
+    torch.testing.assert_close(ours["h"], hf["h"][:n])  # the last stream through the final norm: the head's input
+    assert torch.equal(ours["top"], hf["top"][:n])
+    cut = stored_features(tmp_path / "s.st", prompt, completion[:2], 3, final_norm(target), head_w, False,
+                          torch.bfloat16)  # a row cut by method.max_len: its first tokens only
+    assert cut["ids"].tolist() == prompt + completion[:2] and "top" not in cut and cut["aux"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="regenerate"):
+        stored_features(tmp_path / "s.st", [3, 14, 15, 8], completion, 3, final_norm(target), head_w, True,
+                        torch.float32)
+
+
+def test_run_features_reads_the_rows_with_states_and_computes_the_others_in_order(tmp_path):
+    import datasets
+    from accelerate import Accelerator
+
+    rows = [{"prompt_ids": [3, 4, 5], "completion_ids": [6, 7]}, {"prompt_ids": [8], "completion_ids": []},
+            {"prompt_ids": [9, 10], "completion_ids": [11]}, {"prompt_ids": [12, 13], "completion_ids": [14]}]
+    ds = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "heldout": datasets.Dataset.from_list(rows)})
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text("{}")
+    cfg = type("Cfg", (), dict(out_dir=str(tmp_path / "train"), data_dir=str(tmp_path / "data"), target="t",
+                               max_len=None, eval_rows=2, batch_size=1))()
+    asked = []
+
+    def stored(split, row, prompt, completion, top):
+        asked.append((split, row))
+        return {"from": "stored", "row": row, "ids": [0]} if row == 2 else None
+
+    def compute(items, top):
+        return [{"from": "forward", "prompt": p, "ids": [0]} for p, _ in items]
+
+    train, held = run_features(cfg, Accelerator(cpu=True), ds, compute, stored=stored, kind="t")
+    # row 1 (one token) is no row: rows 0 and 3 computed, row 2 read, in the split's order
+    assert [(it["from"], it.get("row", it.get("prompt"))) for it in train] == \
+        [("forward", [3, 4, 5]), ("stored", 2), ("forward", [12, 13])]
+    assert [it["from"] for it in held] == ["forward"]  # eval_rows=2: held-out rows 0 and 1 (one token, left out)
+    assert ("train", 2) in asked and ("heldout", 0) in asked
+
+
+def test_the_eagle3_stage_reads_the_states_kept_for_its_own_layers_only(tmp_path, target):
+    from draftsmith.train.eagle3_objective import kept_states
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg = type("Cfg", (), dict(data_dir=str(data)))()
+    (data / "manifest.json").write_text(json.dumps({}))
+    assert kept_states(cfg, target, LAYERS, False, log=lambda m: None) == (None, "forward")
+    (data / "manifest.json").write_text(json.dumps({"hidden_states": {"layers": LAYERS, "final_layer": 8,
+                                                                      "rows": {"train": 1, "heldout": 0}}}))
+    said = []
+    assert kept_states(cfg, target, [1, 4, 5], False, log=said.append) == (None, "forward")
+    assert "the target runs over the rows here" in said[0]
+    stored, source = kept_states(cfg, target, LAYERS, True, log=said.append)
+    assert source == "vllm"
+    assert stored("train", 0, [3, 4], [5, 6], False) is None  # no file: the forward computes that row
+    write_states(states_file(data, "train", 0), target, [3, 4], [5, 6])
+    item = stored("train", 0, [3, 4], [5, 6], False)
+    assert item["ids"].tolist() == [3, 4, 5] and item["aux"].dtype == torch.bfloat16  # bf16 training rows
+    assert stored("heldout", 0, [3, 4], [5, 6], True) is None
