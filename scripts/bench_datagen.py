@@ -14,6 +14,13 @@ difference over the positions where both engines chose the same tokens.
 
     python scripts/bench_datagen.py --engine hf vllm     # vLLM from $DRAFTSMITH_VLLM_PYTHON or ./.venv-vllm
 
+``vllm-states`` is vLLM keeping the target's hidden states as it writes (data.hidden_states=eagle3: a second
+server, with the extract_hidden_states method and draftsmith's connector; each repeat's files are counted, then
+deleted): ``--engine vllm vllm-states`` measures what keeping them costs; the JSON adds the vllm-states / vllm
+ratio and their identical completions.
+
+    python scripts/bench_datagen.py --engine vllm vllm-states --target DIR --prompts 128 --repeats 4 --top-k-logprobs 0
+
 With ``--score`` it measures what ``data.responses=given`` costs against generating: the HF engine generates
 greedy responses for the prompts (generated tokens/s), then scores those same responses with one teacher-forced
 forward per row (scored tokens/s), the two interleaved over the repeats; the JSON adds the scored / generated
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -55,7 +63,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--engine", nargs="+", choices=["hf", "vllm"],
+    ap.add_argument("--engine", nargs="+", choices=["hf", "vllm", "vllm-states"],
                     help="compare datagen engines (e.g. --engine hf vllm) instead of batched vs one at a time")
     ap.add_argument("--score", action="store_true",
                     help="generate greedy responses, then score the same responses (data.responses=given), timed")
@@ -111,30 +119,45 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
                         vllm={"python": args.vllm_python, "kvcache_gib": 2}, dtype=args.vllm_dtype)
     eos = pretrained_eos_ids(target, tokenizer)
     rates = {name: [] for name in args.engine}
-    outputs, server = {}, None
+    configs = {name: dataclasses.replace(cfg, hidden_states="eagle3" if name == "vllm-states" else "none")
+               for name in args.engine}
+    outputs, servers, start_s, kept = {}, {}, {}, []
     with contextlib.ExitStack() as stack:
-        if "vllm" in args.engine:
+        for name in args.engine:
+            if name == "hf":
+                continue
             started = time.perf_counter()
             log = Path(tempfile.mkdtemp(prefix="bench-datagen-")) / "vllm_server.log"
-            server = stack.enter_context(datagen_vllm.engine(cfg, log, log=lambda m: print(m, file=sys.stderr)))
-            datagen_vllm.generate_all(server.url, server.model, prompts[:2], cfg, eos, "vllm warm-up")
-            start_s = time.perf_counter() - started
+            servers[name] = stack.enter_context(datagen_vllm.engine(configs[name], log,
+                                                                    log=lambda m: print(m, file=sys.stderr)))
+            warm = datagen_vllm.generate_all(servers[name].url, servers[name].model, prompts[:2], configs[name], eos,
+                                             f"{name} warm-up")
+            kept_files(warm)
+            start_s[name] = time.perf_counter() - started
         for rep in range(args.repeats):
             for name in args.engine if rep % 2 == 0 else args.engine[::-1]:
                 start = time.perf_counter()
                 if name == "hf":
                     rows = generate_all(model, tokenizer, prompts, cfg, f"hf (repeat {rep + 1})")
                 else:
-                    rows = datagen_vllm.generate_all(server.url, server.model, prompts, cfg, eos,
-                                                     f"vllm (repeat {rep + 1})")
+                    rows = datagen_vllm.generate_all(servers[name].url, servers[name].model, prompts, configs[name],
+                                                     eos, f"{name} (repeat {rep + 1})")
                 seconds = time.perf_counter() - start
                 rates[name].append(sum(len(r["completion_ids"]) for r in rows) / seconds)
+                if name == "vllm-states":
+                    kept.append(kept_files(rows))
                 outputs[name] = rows
     tps = {k: statistics.median(v) for k, v in rates.items()}
     report = {"target": target, "params": model.num_parameters(), "settings": vars(args),
               "threads": torch.get_num_threads(), "tokens_per_s": tps, "tokens_per_s_all_repeats": rates}
-    if server is not None:
-        report["vllm"] = {**server.info, "start_and_warmup_s": start_s}
+    for name, server in servers.items():
+        report[name] = {**server.info, "start_and_warmup_s": start_s[name]}
+    if "vllm-states" in servers:
+        report["states_files_per_repeat"] = kept
+    if {"vllm", "vllm-states"} <= set(args.engine):
+        same = [a["completion_ids"] == b["completion_ids"] for a, b in zip(outputs["vllm"], outputs["vllm-states"])]
+        report["vllm-states_vs_vllm"] = tps["vllm-states"] / tps["vllm"]
+        report["identical_completions_with_states"] = f"{sum(same)}/{len(prompts)}"
     if set(args.engine) == {"hf", "vllm"}:
         hf, vl = outputs["hf"], outputs["vllm"]
         same = [a["completion_ids"] == b["completion_ids"] for a, b in zip(hf, vl)]
@@ -148,6 +171,21 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
             report["topk_ids_equal_positions"] = topk_ids_agreement(hf, vl, same)
     print(json.dumps(report, indent=2))
     return report
+
+
+def kept_files(rows: list[dict]) -> int:
+    """How many of `rows` came with a states file (vllm-states), each deleted once written."""
+    from draftsmith.train.target_states import wait_written
+
+    n = 0
+    for row in rows:
+        path = row.get("hidden_states_path")
+        if path is not None:
+            wait_written(path)
+            n += os.path.exists(path)
+            for leftover in (path, path + ".lock"):
+                Path(leftover).unlink(missing_ok=True)
+    return n
 
 
 def compare_scoring(args, target, tokenizer, model, prompts) -> dict:
