@@ -123,7 +123,7 @@ def test_keep_states_moves_each_rows_file_into_the_output_and_checks_its_tokens(
     import draftsmith.train.target_states as ts
 
     real = ts.wait_written
-    ts.wait_written = lambda path: real(path, timeout_s=0.1)
+    ts.wait_written = lambda path, timeout_s: real(path, timeout_s=0.1)
     try:
         counts = keep_states({"train": other}, tmp_path / "out2", log=said.append)
     finally:

@@ -266,6 +266,8 @@ def complete_vllm(cfg: DatagenConfig, tokenizer, to_generate: dict[str, list[lis
             scored[name] = datagen_vllm.score_all(served.url, served.model, rows, cfg, f"datagen {name} (scoring)")
             truncated += cut
         score_s = time.perf_counter() - started
+        if cfg.hidden_states != "none":
+            datagen_vllm.settle_states(served.url, served.model, [r for rows in generated.values() for r in rows], cfg)
     if not log.exists():  # data.vllm.url: nothing was launched
         shutil.rmtree(log.parent, ignore_errors=True)
     states_dir = (served.info.get("hidden_states") or {}).pop("workdir", None)

@@ -186,6 +186,22 @@ def generate_all(url: str, model: str, prompts: list[list[int]], cfg, eos: set[i
     return [{**rec, "prompt_index": i} for i, recs in enumerate(results) for rec in recs]
 
 
+def settle_states(url: str, model: str, rows: list[dict], cfg) -> None:
+    """Wait, with the server still up, until vLLM has written every row's states file (``data.hidden_states``).
+
+    vLLM hands a finished request's save to its worker with the next engine step; the requests that finish last may
+    have no next step, so one more one-token request is sent first (its own file is left in the work folder)."""
+    from draftsmith.train.target_states import wait_written
+
+    paths = [r["hidden_states_path"] for r in rows if r.get("hidden_states_path")]
+    if not paths:
+        return
+    nudge = {"model": model, "prompt": [int(rows[0]["prompt_ids"][0])], "max_tokens": 1, "temperature": 0.0}
+    _run(url, [nudge], lambda i, response: 0, cfg, "datagen (hidden states)", "request")
+    for path in paths:
+        wait_written(path, timeout_s=60.0)
+
+
 # -- given responses: scored from the prompt log-probs ---------------------------------------------
 def score_body(model: str, prompt_ids: list[int], response_ids: list[int], k: int) -> dict:
     """The ``/v1/completions`` body that scores a given response: prompt + response as the prompt, and

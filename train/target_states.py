@@ -89,7 +89,7 @@ def keep_states(rows: dict[str, list[dict]], out: Path, log=print) -> dict:
             if path is None:
                 continue
             fed = None
-            if wait_written(path):
+            if wait_written(path, timeout_s=5.0):  # datagen waited for them with the server up (settle_states)
                 with safe_open(path, "pt") as f:
                     fed = f.get_tensor("token_ids").tolist()
                     dtype = dtype or str(f.get_slice("hidden_states").get_dtype())
