@@ -38,12 +38,7 @@ from vllm import LLM, SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
 llm = LLM(model=args["target"], dtype="float32", enforce_eager=True, max_model_len=512,
           gpu_memory_utilization=0.3,
-          speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                              "draft_model_config": {
-                                  "hf_config": {"eagle_aux_hidden_state_layer_ids": args["layers"] + [args["final"]]}}},
-          kv_transfer_config={"kv_connector": args["connector"], "kv_role": "kv_producer",
-                              **({"kv_connector_module_path": args["module"]} if args["module"] else {}),
-                              "kv_connector_extra_config": {"shared_storage_path": args["out"]}})
+          speculative_config=args["speculative_config"], kv_transfer_config=args["kv_transfer_config"])
 params = SamplingParams(max_tokens=args["max_tokens"], temperature=0, ignore_eos=True,
                         extra_args={"kv_transfer_params": {"include_output_tokens": args["max_tokens"] > 1}})
 outs = llm.generate([{"prompt_token_ids": ids} for ids in args["prompts"]], params)
@@ -83,16 +78,18 @@ def main(argv=None) -> dict:
                     "max_tokens": args.max_tokens, "connector": args.connector}
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as modules:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}  # CPU: GiB
-        connector, module = "ExampleHiddenStatesConnector", None
+        from draftsmith.train.target_states import extraction_configs
+
+        module = None
         if args.connector == "cpu":
             from draftsmith.serve.vllm_hidden_states import install
 
-            connector, module = "CpuHiddenStatesConnector", install(modules)
+            module = install(modules)
             env["PYTHONPATH"] = os.pathsep.join(x for x in (modules, env.get("PYTHONPATH")) if x)
         final = int(target.config.num_hidden_layers)  # the stream after the last layer: the final norm's input
-        job = {"target": args.target, "layers": layers, "final": final, "prompts": prompts, "out": out,
-               "max_tokens": args.max_tokens,
-               "connector": connector, "module": module}
+        spec, transfer = extraction_configs(layers, final, out, module)
+        job = {"target": args.target, "prompts": prompts, "max_tokens": args.max_tokens, "speculative_config": spec,
+               "kv_transfer_config": transfer}
         try:
             run = subprocess.run([args.python, "-c", VLLM_SIDE, json.dumps(job)],
                                  capture_output=True, text=True, timeout=900, env=env)

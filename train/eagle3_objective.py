@@ -45,13 +45,11 @@ def kept_states(cfg: TrainConfig, target, layers: list[int], bf16: bool, log=pri
     """(a reader of the target's states the datagen output keeps for these `layers`, for train/features.py
     run_features' `stored`, or None; where the features come from, for their key: "vllm" or "forward"). Rows the
     output keeps no states for (scored given responses) are computed by the forward."""
-    import json
-
-    from draftsmith.artifacts.formats import DATAGEN_MANIFEST
+    from draftsmith.artifacts.formats import read_datagen_manifest
     from draftsmith.decode.eagle3 import final_norm
     from draftsmith.train.target_states import states_file, stored_features, stored_layers
 
-    manifest = json.loads((Path(cfg.data_dir) / DATAGEN_MANIFEST).read_text())
+    manifest = read_datagen_manifest(cfg.data_dir)
     kept = stored_layers(manifest)
     if kept is None:
         return None, "forward"

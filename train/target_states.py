@@ -48,13 +48,22 @@ def state_layers(target: str) -> tuple[list[int], int]:
     return layers, n
 
 
-def vllm_server_args(layers: list[int], final: int, module: str, folder: str) -> list[str]:
-    """The api_server arguments that make vLLM keep the streams at `layers` and `final` and write them into `folder`
-    through the connector module `module` (serve/vllm_hidden_states.py, on the server's PYTHONPATH)."""
+def extraction_configs(layers: list[int], final: int, folder: str, module: str | None) -> tuple[dict, dict]:
+    """(speculative_config, kv_transfer_config) that make vLLM keep the streams at `layers` and `final` and write
+    them into `folder` through draftsmith's connector module `module` (serve/vllm_hidden_states.py, on vLLM's
+    PYTHONPATH), or vLLM's own connector when `module` is None."""
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*layers, final]}}}
-    transfer = {"kv_connector": "CpuHiddenStatesConnector", "kv_connector_module_path": module,
-                "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": folder}}
+    transfer = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": folder}}
+    if module is not None:
+        transfer.update(kv_connector="CpuHiddenStatesConnector", kv_connector_module_path=module)
+    return spec, transfer
+
+
+def vllm_server_args(layers: list[int], final: int, module: str, folder: str) -> list[str]:
+    """The api_server arguments of :func:`extraction_configs` with draftsmith's connector."""
+    spec, transfer = extraction_configs(layers, final, folder, module)
     return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(transfer)]
 
 
