@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -130,6 +131,9 @@ def compare_engines(args, target, tokenizer, model, prompts) -> dict:
             log = Path(tempfile.mkdtemp(prefix="bench-datagen-")) / "vllm_server.log"
             servers[name] = stack.enter_context(datagen_vllm.engine(configs[name], log,
                                                                     log=lambda m: print(m, file=sys.stderr)))
+            workdir = (servers[name].info.get("hidden_states") or {}).get("workdir")
+            if workdir:  # the folder vLLM writes the states into (datagen's run removes its own; this is the bench's)
+                stack.callback(shutil.rmtree, workdir, ignore_errors=True)
             warm = datagen_vllm.generate_all(servers[name].url, servers[name].model, prompts[:2], configs[name], eos,
                                              f"{name} warm-up")
             kept_files(warm)

@@ -277,7 +277,7 @@ class FakeCompletions:
             return {"choices": [{"index": 0, "token_ids": [4], "prompt_logprobs": positions}]}
         k = body.get("logprobs") or 0
         choices = []
-        for index in range(body["n"]):
+        for index in range(body.get("n", 1)):  # vLLM's default
             tokens = fake_tokens(body["prompt"], body["max_tokens"], index)
             # vLLM puts the sampled token first and merges it into the top k when it is there (k or k + 1 entries)
             top = [{"token_id:3": -30.0, **{f"token_id:{(t + i) % 64}": -0.5 * i - 0.1 for i in range(k)}}

@@ -203,3 +203,73 @@ def test_the_eagle3_stage_reads_the_states_kept_for_its_own_layers_only(tmp_path
     assert item["ids"].tolist() == [3, 4, 5] and item["aux"].dtype == torch.bfloat16  # bf16 training rows
     assert stored("train", 0, [3], [4], False) is None  # 2 tokens: no slot left without the last
     assert stored("heldout", 0, [3, 4], [5, 6], True) is None
+
+
+def test_datagen_keeps_the_generated_rows_states_beside_given_rows_in_the_outputs_order(tmp_path, target, monkeypatch):
+    """datagen.run end to end with data.hidden_states=eagle3 and data.responses=auto: the generated rows' states
+    (written per request as vLLM's connector writes them, here by a fake server from the HF forward) land at their
+    rows' places in each split, the scored rows (given responses) go without, and the work folder is removed."""
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    from conftest import make_tokenizer
+    from test_datagen_given import words, write_jsonl
+    from test_datagen_vllm import FakeCompletions
+
+    import draftsmith.train.datagen_vllm as datagen_vllm
+    from draftsmith.train.datagen import load_output, run
+    from draftsmith.train.datagen_vllm import Engine
+
+    target.save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+
+    class StatesServer(FakeCompletions):
+        folder: Path
+
+        def response(self, body):
+            out = super().response(body)
+            if "kv_transfer_params" in body:  # one states file per request
+                with self.lock:  # the forward's hooks are the model's: one request's forward at a time
+                    path = self.folder / f"{len(list(self.folder.iterdir()))}.safetensors"
+                    write_states(path, target, list(body["prompt"]), out["choices"][0]["token_ids"])
+                out["kv_transfer_params"] = {"hidden_states_path": str(path)}
+            return out
+
+    @contextlib.contextmanager
+    def fake_engine(cfg, log_path, log=print):  # the engine datagen starts, its work folder beside the output
+        work = Path(tempfile.mkdtemp(prefix=".draftsmith-states-", dir=Path(cfg.out_dir).resolve().parent))
+        with StatesServer(delay_s=0.0) as server:
+            server.folder = work / "states"
+            server.folder.mkdir()
+            yield Engine(server.url, "fake-target", {"name": "vllm", "hidden_states": {
+                "layers": LAYERS, "final_layer": 8, "workdir": str(work)}})
+
+    monkeypatch.setattr(datagen_vllm, "engine", fake_engine)
+    records = [{"prompt": words(i, 3), **({"completion": words(i + 9, 4)} if i % 3 == 0 else {})} for i in range(16)]
+    manifest = run(DatagenConfig(target=str(tmp_path / "target"), prompts=str(write_jsonl(tmp_path / "p.jsonl", records)),
+                                 out_dir=str(tmp_path / "out"), max_new_tokens=5, batch_size=4, heldout_fraction=0.25,
+                                 top_k_logprobs=0, engine="vllm", responses="auto", hidden_states="eagle3"),
+                   log=lambda m: None)
+    ds, _ = load_output(tmp_path / "out")
+    given = {words(i + 9, 4) for i in range(0, 16, 3)}
+    tokenizer = make_tokenizer()
+    counts = {}
+    for split in ("train", "heldout"):
+        rows = ds[split].to_list()
+        assert rows and "hidden_states_path" not in rows[0]
+        counts[split] = 0
+        for i, row in enumerate(rows):
+            scored = tokenizer.decode(row["completion_ids"], skip_special_tokens=True) in given
+            path = states_file(tmp_path / "out", split, i)
+            assert path.exists() != scored, (split, i)
+            if path.exists():
+                counts[split] += 1
+                kept = stored_features(path, row["prompt_ids"], row["completion_ids"], 3, final_norm(target),
+                                       target.get_output_embeddings().weight, False, torch.float32)
+                forward = target_aux_rows(target, [(row["prompt_ids"], row["completion_ids"])], LAYERS, top=False)[0]
+                torch.testing.assert_close(kept["aux"], forward["aux"][:len(kept["ids"])])
+    assert 0 < counts["train"] < len(ds["train"]) and counts["heldout"] > 0
+    assert manifest["hidden_states"]["rows"] == counts and manifest["hidden_states"]["rows_without"] == 0
+    assert manifest["hidden_states"]["layers"] == LAYERS and manifest["responses"]["given"] == 6
+    assert not list(tmp_path.glob(".draftsmith-states-*"))  # the work folder (the nudge's file with it) removed
