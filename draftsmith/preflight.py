@@ -156,6 +156,51 @@ def check_datagen_engine(data, log=print) -> None:
                           "OpenAI-compatible server there, or unset data.vllm.url to start one here")
 
 
+def resolve_hidden_states(cfg, target: str, log=print) -> None:
+    """data.hidden_states=auto becomes eagle3 or none here (before the datagen stage's hash, which covers it), said
+    in one line. eagle3 where the train stage would run an EAGLE-3 head's target over the rows in float32 on a CPU
+    (no native bf16, or method.mixed_precision=no) at vLLM's default layers, and a vLLM started here writes them
+    (data.engine=vllm, no data.vllm.url, one completion a prompt): there that forward costs more than vLLM keeping
+    the states as it writes the rows (BENCHMARKS.md, "The preset as on an AVX2-only host"). none elsewhere: where the
+    forward runs in bf16 on a CPU it cost less (40.7 minutes end to end with the states against 36.2 without,
+    BENCHMARKS.md "The target's states from vLLM"); on a GPU it is not measured."""
+    data, method = cfg.data, cfg.method
+    if data.hidden_states != "auto":
+        return
+    why = _states_not_kept(data, method, target)
+    data.hidden_states = "none" if why else "eagle3"
+    log(f"draftsmith: datagen: data.hidden_states=auto: "
+        + (f"{why} -> none" if why else "vLLM keeps the target's states as it writes the rows (the train stage "
+                                        "would run the target over them in float32 on this CPU) -> eagle3"))
+
+
+def _states_not_kept(data, method, target: str) -> str | None:
+    """Why data.hidden_states=auto resolves to none (:func:`resolve_hidden_states`), or None: eagle3."""
+    if method.finetune != "eagle3":
+        return f"method.finetune={method.finetune} reads no target states"
+    if data.engine != "vllm" or data.vllm.url:
+        return ("transformers writes the rows (data.engine=hf)" if data.engine != "vllm" else
+                "the server at data.vllm.url was not started with draftsmith's connector")
+    if data.n_completions != 1:
+        return f"data.n_completions={data.n_completions} (vLLM keeps one sequence's states a request)"
+    from draftsmith.train.loop import mixed_precision, run_device
+    from draftsmith.train.target_states import state_layers
+
+    device = run_device(method)
+    precision = mixed_precision(method, device)
+    if device != "cpu" or precision != "no":
+        return (f"the train stage runs the target in {precision if precision != 'no' else 'float32'} on {device} "
+                "(where its forward costs less than vLLM keeping the states)" if device == "cpu" else
+                f"the train stage runs on {device} (the states from vLLM not measured there)")
+    try:
+        layers, _ = state_layers(target)
+    except ConfigError as exc:
+        return str(exc).partition(": ")[2].split(";")[0]
+    if method.eagle_layers is not None and list(method.eagle_layers) != layers:
+        return f"method.eagle_layers={list(method.eagle_layers)} are not vLLM's default layers {layers}"
+    return None
+
+
 def preflight(pipeline) -> None:
     """Every start-up check of `pipeline` (a :class:`draftsmith.pipeline.Pipeline`) before its first stage."""
     cfg = pipeline.cfg
@@ -170,6 +215,9 @@ def preflight(pipeline) -> None:
     if "promote" in stages:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use
+    if "datagen" in stages:
+        resolve_hidden_states(cfg, target, pipeline.log)
+        pipeline.tracker.resolved("data.hidden_states", cfg.data.hidden_states)
     if "train" in stages:
         check_draft_kind(draft, cfg.method.finetune)
         if cfg.method.finetune == "eagle":

@@ -279,6 +279,7 @@ def test_smollm2_preset_composes_to_a_valid_config():
     # log-probs, which an EAGLE head never reads
     assert (cfg.data.responses, cfg.data.demo_prompts, cfg.data.demo_scored) == ("auto", 3840, 0)
     assert cfg.data.top_k_logprobs == 0
+    assert cfg.data.hidden_states == "auto"  # vLLM keeps the target's states where the head trains in float32
     assert not cfg.method.reduced_head and cfg.method.keep_best and cfg.method.patience == 3
     assert cfg.name == cfg.promote.name == "smollm2-135m"
 

@@ -273,3 +273,44 @@ def test_datagen_keeps_the_generated_rows_states_beside_given_rows_in_the_output
     assert manifest["hidden_states"]["rows"] == counts and manifest["hidden_states"]["rows_without"] == 0
     assert manifest["hidden_states"]["layers"] == LAYERS and manifest["responses"]["given"] == 6
     assert not list(tmp_path.glob(".draftsmith-states-*"))  # the work folder (the nudge's file with it) removed
+
+
+def test_auto_keeps_the_states_where_the_train_stage_would_run_the_target_in_float32_on_a_cpu(tmp_path, target,
+                                                                                                monkeypatch):
+    """data.hidden_states=auto (draftsmith/preflight.py resolve_hidden_states): eagle3 for an EAGLE-3 head trained in
+    float32 on a CPU from rows a vLLM started here writes, at vLLM's default layers; none, with the reason, elsewhere;
+    the Python API's datagen, with no train stage to keep them for, takes none."""
+    from types import SimpleNamespace
+
+    import draftsmith.train.loop as loop
+    from draftsmith.preflight import resolve_hidden_states
+    from draftsmith.train.settings import DatagenSettings, TrainSettings
+
+    target.save_pretrained(tmp_path / "target")
+    make_model("llama", layers=4).save_pretrained(tmp_path / "small")
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+
+    def resolved(data=None, target_dir="target", **method):
+        cfg = SimpleNamespace(data=DatagenSettings(**{"engine": "vllm", "hidden_states": "auto", **(data or {})}),
+                              method=TrainSettings(**{"finetune": "eagle3", "device": "cpu", **method}))
+        said = []
+        resolve_hidden_states(cfg, str(tmp_path / target_dir), said.append)
+        assert len(said) == 1 and said[0].endswith(f"-> {cfg.data.hidden_states}")
+        return cfg.data.hidden_states, said[0]
+
+    assert resolved()[0] == "eagle3"
+    assert resolved(eagle_layers=[2, 4, 5])[0] == "eagle3"  # the default layers, named
+    assert resolved(mixed_precision="bf16") == ("none", resolved(mixed_precision="bf16")[1])
+    assert "in bf16 on cpu" in resolved(mixed_precision="bf16")[1]
+    assert "method.finetune=full" in resolved(finetune="full")[1]
+    assert "data.engine=hf" in resolved({"engine": "hf"})[1]
+    assert "data.vllm.url" in resolved({"vllm": {"url": "http://n:8000"}})[1]
+    assert "data.n_completions=2" in resolved({"n_completions": 2, "temperature": 0.7})[1]
+    assert "[1, 4, 5] are not vLLM's default layers [2, 4, 5]" in resolved(eagle_layers=[1, 4, 5])[1]
+    assert resolved(target_dir="small")[0] == "none"  # too few layers for three distinct ones
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None: True)  # bf16 there: the forward is cheaper
+    assert resolved() == ("none", resolved()[1]) and "in bf16 on cpu" in resolved()[1]
+    kept = SimpleNamespace(data=DatagenSettings(hidden_states="eagle3"), method=TrainSettings(finetune="full"))
+    resolve_hidden_states(kept, str(tmp_path / "target"), print)
+    assert kept.data.hidden_states == "eagle3"  # only auto is resolved
+    assert settings(hidden_states="auto").hidden_states == "none"

@@ -68,6 +68,8 @@ class DatagenConfig(DatagenSettings):
     def __post_init__(self):
         super().__post_init__()
         check(bool(self.prompts), "data.prompts is required: a .jsonl / .parquet file, a folder or a HF dataset id")
+        if self.hidden_states == "auto":  # the Python API's: no train stage here to keep them for (the pipeline
+            self.hidden_states = "none"  # resolves auto from its method.*: draftsmith/preflight.py)
 
 
 @torch.inference_mode()

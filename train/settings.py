@@ -22,7 +22,7 @@ from draftsmith.train.prompts import PromptFormat, PromptSource
 LOSSES = ("ce", "fkl", "rkl", "jsd", "tvd")
 ENGINES = ("hf", "vllm", "auto")
 RESPONSES = ("generate", "given", "auto")
-HIDDEN_STATES = ("none", "eagle3")
+HIDDEN_STATES = ("none", "eagle3", "auto")
 
 
 @dataclass(kw_only=True)
@@ -65,7 +65,9 @@ class DatagenSettings(PromptFormat):
     # the target's hidden states kept beside the rows, from vLLM as it writes them (data.engine=vllm; one per
     # generated row): none | eagle3 (the streams entering the layers an EAGLE-3 head reads by default, vLLM's
     # (2, L//2, L-3), and the stream after the last layer, the final norm's input): a method=eagle3 train stage
-    # reads them instead of running the target over the rows (train/target_states.py)
+    # reads them instead of running the target over the rows (train/target_states.py) | auto (eagle3 where that
+    # train stage would run the target in float32 on a CPU, none elsewhere; the pipeline resolves it before
+    # hashing: draftsmith/preflight.py resolve_hidden_states)
     hidden_states: str = "none"
     vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings, metadata=WHERE)  # how the server runs
 
@@ -74,7 +76,7 @@ class DatagenSettings(PromptFormat):
         check_choice("data.engine", self.engine, ENGINES)
         check_choice("data.responses", self.responses, RESPONSES)
         check_choice("data.hidden_states", self.hidden_states, HIDDEN_STATES)
-        check(self.hidden_states == "none" or self.n_completions == 1,
+        check(self.hidden_states != "eagle3" or self.n_completions == 1,
               "data.hidden_states needs data.n_completions=1: vLLM keeps one sequence's states per request")
         if isinstance(self.vllm, dict):  # the Python API and JSON configs may give the section as a dict
             self.vllm = DatagenVllmSettings(**self.vllm)
