@@ -156,48 +156,61 @@ def check_datagen_engine(data, log=print) -> None:
                           "OpenAI-compatible server there, or unset data.vllm.url to start one here")
 
 
-def resolve_hidden_states(cfg, target: str, log=print) -> None:
+def resolve_hidden_states(cfg, target: str, draft: str | None = None, log=print) -> None:
     """data.hidden_states=auto becomes eagle3 or none here (before the datagen stage's hash, which covers it), said
     in one line. eagle3 where the train stage would run an EAGLE-3 head's target over the rows in float32 on a CPU
-    (no native bf16, or method.mixed_precision=no) at vLLM's default layers, and a vLLM started here writes them
-    (data.engine=vllm, no data.vllm.url, one completion a prompt): there that forward costs more than vLLM keeping
-    the states as it writes the rows (BENCHMARKS.md, "The preset as on an AVX2-only host"). none elsewhere: where the
-    forward runs in bf16 on a CPU it cost less (40.7 minutes end to end with the states against 36.2 without,
-    BENCHMARKS.md "The target's states from vLLM"); on a GPU it is not measured."""
-    data, method = cfg.data, cfg.method
+    (no native bf16, or method.mixed_precision other than bf16) at the layers vLLM keeps (its default three), and a
+    vLLM started here generates rows (data.engine=vllm, no data.vllm.url, one completion a prompt, not every
+    response given): there that forward costs more than vLLM keeping the states as it writes the rows
+    (BENCHMARKS.md, "The preset as on an AVX2-only host"). none elsewhere: where the forward runs in bf16 on a CPU it
+    cost less (40.7 minutes end to end with the states against 36.2, BENCHMARKS.md "The target's states from
+    vLLM"); on a GPU it is not measured. `draft`: pair.draft (an EAGLE-3 folder trained further reads its own
+    layers)."""
+    data = cfg.data
     if data.hidden_states != "auto":
         return
-    why = _states_not_kept(data, method, target)
+    why = _states_not_kept(data, cfg.method, target, draft)
     data.hidden_states = "none" if why else "eagle3"
-    log(f"draftsmith: datagen: data.hidden_states=auto: "
-        + (f"{why} -> none" if why else "vLLM keeps the target's states as it writes the rows (the train stage "
-                                        "would run the target over them in float32 on this CPU) -> eagle3"))
+    reason = why or ("the train stage would run the target over the rows in float32 on this CPU; vLLM keeps its "
+                     "states as it writes them")
+    log(f"draftsmith: datagen: data.hidden_states=auto: {reason} -> data.hidden_states={data.hidden_states}")
 
 
-def _states_not_kept(data, method, target: str) -> str | None:
+def _states_not_kept(data, method, target: str, draft: str | None) -> str | None:
     """Why data.hidden_states=auto resolves to none (:func:`resolve_hidden_states`), or None: eagle3."""
     if method.finetune != "eagle3":
-        return f"method.finetune={method.finetune} reads no target states"
-    if data.engine != "vllm" or data.vllm.url:
-        return ("transformers writes the rows (data.engine=hf)" if data.engine != "vllm" else
-                "the server at data.vllm.url was not started with draftsmith's connector")
+        return f"method.finetune={method.finetune} (vLLM keeps states for an EAGLE-3 head's training only)"
+    if data.engine != "vllm":
+        return "transformers writes the rows (data.engine=hf)"
+    if data.vllm.url:
+        return "the server at data.vllm.url was not started with draftsmith's connector"
     if data.n_completions != 1:
         return f"data.n_completions={data.n_completions} (vLLM keeps one sequence's states a request)"
+    if data.responses == "given":
+        return "every row is a given response (vLLM keeps the states of the rows it generates)"
+    from transformers import AutoConfig
+
+    from draftsmith.decode.eagle3 import default_layers, is_eagle3_dir, read_eagle3_config, target_text_config
     from draftsmith.train.loop import mixed_precision, run_device
-    from draftsmith.train.target_states import state_layers
 
     device = run_device(method)
-    precision = mixed_precision(method, device)
-    if device != "cpu" or precision != "no":
-        return (f"the train stage runs the target in {precision if precision != 'no' else 'float32'} on {device} "
-                "(where its forward costs less than vLLM keeping the states)" if device == "cpu" else
-                f"the train stage runs on {device} (the states from vLLM not measured there)")
+    if device != "cpu":
+        return f"the train stage runs on {device} (the states from vLLM are not measured there)"
+    if mixed_precision(method, device) == "bf16":
+        return "the train stage runs the target in bf16 on this CPU, where its forward costs less"
     try:
-        layers, _ = state_layers(target)
-    except ConfigError as exc:
-        return str(exc).partition(": ")[2].split(";")[0]
-    if method.eagle_layers is not None and list(method.eagle_layers) != layers:
-        return f"method.eagle_layers={list(method.eagle_layers)} are not vLLM's default layers {layers}"
+        n = int(target_text_config(AutoConfig.from_pretrained(target)).num_hidden_layers)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data.hidden_states=auto: cannot read the config of pair.target={target} ({exc})") from exc
+    kept = default_layers(n)
+    if len(set(kept)) != 3:
+        return f"pair.target has {n} layers, too few for vLLM's three distinct default layers ({kept})"
+    if draft and is_eagle3_dir(draft):  # a head trained further reads its own layers
+        reads, whose = read_eagle3_config(draft)["eagle_aux_hidden_state_layer_ids"], f"the head at pair.draft={draft}"
+    else:
+        reads, whose = method.eagle_layers, "method.eagle_layers"
+    if reads is not None and sorted(reads) != sorted(kept):
+        return f"{whose} reads layers {list(reads)}, not vLLM's default layers {kept}"
     return None
 
 
@@ -216,7 +229,7 @@ def preflight(pipeline) -> None:
         check_registry_root(cfg.registry.root)
     target, draft = pipeline.pair()  # builds the demo pair on first use
     if "datagen" in stages:
-        resolve_hidden_states(cfg, target, pipeline.log)
+        resolve_hidden_states(cfg, target, draft, pipeline.log)
         pipeline.tracker.resolved("data.hidden_states", cfg.data.hidden_states)
     if "train" in stages:
         check_draft_kind(draft, cfg.method.finetune)

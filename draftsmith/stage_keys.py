@@ -20,6 +20,7 @@ ORDER = ("datagen", "train", "eval", "serve", "promote")  # as the pipeline runs
 
 _BARS = "the bars the added passes settle (eval/policy.py Contract)"
 _PRODUCTION = "which registry version is measured beside the candidate (its fingerprint)"
+_STATES = "with data.hidden_states=auto: whether vLLM keeps the target's states (draftsmith/preflight.py)"
 _SERVING_DECIDES = "whether the serving A/B runs on vLLM: the promotion decides on it, and the eval adds no passes"
 
 
@@ -35,7 +36,9 @@ class StageKeys:
 _MODELS = {"demo.preset": "which demo pair pair.target=demo builds (the resolved model paths)"}
 
 STAGE_KEYS: dict[str, StageKeys] = {
-    "datagen": StageKeys(keys=("pair.target", "pair.dtype", "data"), derived=_MODELS),
+    "datagen": StageKeys(keys=("pair.target", "pair.dtype", "data"), derived={**_MODELS, **{
+        key: _STATES for key in ("method.finetune", "method.device", "method.mixed_precision", "method.eagle_layers",
+                                 "pair.draft")}}),
     # prompts tokenized for an eval without a datagen output
     "eval_prompts": StageKeys(keys=("pair.target", "data"), derived=_MODELS),
     "train": StageKeys(

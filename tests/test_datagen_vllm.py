@@ -380,7 +380,7 @@ def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeyp
     trackers = []
     made = pipeline.Tracker
     monkeypatch.setattr(pipeline, "Tracker", lambda *a, **kw: trackers.append(made(*a, **kw)) or trackers[-1])
-    args = datagen_args(tmp_path, 12) + ["data.max_new_tokens=3", "data.engine=auto",
+    args = datagen_args(tmp_path, 12) + ["data.max_new_tokens=3", "data.engine=auto", "data.hidden_states=auto",
                                          f"data.vllm.python={sys.executable}"]  # no vLLM here
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["draftsmith", *args])
@@ -392,6 +392,10 @@ def test_pipeline_resolves_engine_auto_before_the_datagen_hash(tmp_path, monkeyp
     assert stage["config"]["keys"]["data"]["engine"] == "hf"  # the engine that ran, not "auto"
     assert load_output(tmp_path / "run" / "datagen")[1]["engine"]["name"] == "hf"
     assert trackers[0].config["data"]["engine"] == "hf"  # the tracked runs' config says so too
+    # data.hidden_states=auto, resolved after the engine and hashed as it became (transformers wrote the rows: none)
+    assert "data.hidden_states=auto: method.finetune=full (vLLM keeps" in out and "-> data.hidden_states=none" in out
+    assert stage["config"]["keys"]["data"]["hidden_states"] == "none"
+    assert trackers[0].config["data"]["hidden_states"] == "none"
     cli.main()  # the same config again: auto resolves the same way, so the same hash
     assert "datagen: up to date" in capsys.readouterr().out
 

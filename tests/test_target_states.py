@@ -272,14 +272,14 @@ def test_datagen_keeps_the_generated_rows_states_beside_given_rows_in_the_output
     assert 0 < counts["train"] < len(ds["train"]) and counts["heldout"] > 0
     assert manifest["hidden_states"]["rows"] == counts and manifest["hidden_states"]["rows_without"] == 0
     assert manifest["hidden_states"]["layers"] == LAYERS and manifest["responses"]["given"] == 6
-    assert not list(tmp_path.glob(".draftsmith-states-*"))  # the work folder (the nudge's file with it) removed
+    assert not list(tmp_path.glob(".draftsmith-states-*"))  # the work folder removed
 
 
 def test_auto_keeps_the_states_where_the_train_stage_would_run_the_target_in_float32_on_a_cpu(tmp_path, target,
                                                                                                 monkeypatch):
     """data.hidden_states=auto (draftsmith/preflight.py resolve_hidden_states): eagle3 for an EAGLE-3 head trained in
-    float32 on a CPU from rows a vLLM started here writes, at vLLM's default layers; none, with the reason, elsewhere;
-    the Python API's datagen, with no train stage to keep them for, takes none."""
+    float32 on a CPU from rows a vLLM started here generates, at the layers vLLM keeps; none, with the reason,
+    elsewhere; the Python API's datagen, with no train stage to keep them for, takes none."""
     from types import SimpleNamespace
 
     import draftsmith.train.loop as loop
@@ -290,27 +290,48 @@ def test_auto_keeps_the_states_where_the_train_stage_would_run_the_target_in_flo
     make_model("llama", layers=4).save_pretrained(tmp_path / "small")
     monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None: False)
 
-    def resolved(data=None, target_dir="target", **method):
+    def resolved(data=None, target_dir="target", draft=None, **method):
         cfg = SimpleNamespace(data=DatagenSettings(**{"engine": "vllm", "hidden_states": "auto", **(data or {})}),
                               method=TrainSettings(**{"finetune": "eagle3", "device": "cpu", **method}))
         said = []
-        resolve_hidden_states(cfg, str(tmp_path / target_dir), said.append)
-        assert len(said) == 1 and said[0].endswith(f"-> {cfg.data.hidden_states}")
+        resolve_hidden_states(cfg, str(tmp_path / target_dir), draft, said.append)
+        assert len(said) == 1 and said[0].endswith(f"-> data.hidden_states={cfg.data.hidden_states}")
         return cfg.data.hidden_states, said[0]
 
     assert resolved()[0] == "eagle3"
-    assert resolved(eagle_layers=[2, 4, 5])[0] == "eagle3"  # the default layers, named
-    assert resolved(mixed_precision="bf16") == ("none", resolved(mixed_precision="bf16")[1])
-    assert "in bf16 on cpu" in resolved(mixed_precision="bf16")[1]
-    assert "method.finetune=full" in resolved(finetune="full")[1]
-    assert "data.engine=hf" in resolved({"engine": "hf"})[1]
-    assert "data.vllm.url" in resolved({"vllm": {"url": "http://n:8000"}})[1]
-    assert "data.n_completions=2" in resolved({"n_completions": 2, "temperature": 0.7})[1]
-    assert "[1, 4, 5] are not vLLM's default layers [2, 4, 5]" in resolved(eagle_layers=[1, 4, 5])[1]
-    assert resolved(target_dir="small")[0] == "none"  # too few layers for three distinct ones
+    assert resolved(eagle_layers=[5, 2, 4])[0] == "eagle3"  # vLLM's default layers, named in another order
+    assert resolved(mixed_precision="fp16")[0] == "eagle3"  # the target's forward runs in float32 under fp16 too
+    for case, expected in (
+            (dict(mixed_precision="bf16"), "in bf16 on this CPU"),
+            (dict(finetune="full"), "method.finetune=full"),
+            (dict(data={"engine": "hf"}), "data.engine=hf"),
+            (dict(data={"vllm": {"url": "http://n:8000"}}), "data.vllm.url"),
+            (dict(data={"n_completions": 2, "temperature": 0.7}), "data.n_completions=2"),
+            (dict(data={"responses": "given"}), "every row is a given response"),
+            (dict(eagle_layers=[1, 4, 5]), "method.eagle_layers reads layers [1, 4, 5], not vLLM's default layers [2, 4, 5]"),
+            (dict(target_dir="small"), "has 4 layers, too few")):
+        state, said = resolved(**case)
+        assert state == "none" and expected in said, (case, said)
+    # a head trained further reads its own layers, not method.eagle_layers
+    head = tmp_path / "head"
+    head.mkdir()
+    head_config = {"speculators_model_type": "eagle3", "transformer_layer_config": {}, "draft_vocab_size": 8}
+    (head / "config.json").write_text(json.dumps({**head_config, "eagle_aux_hidden_state_layer_ids": [1, 3, 5]}))
+    state, said = resolved(draft=str(head))
+    assert state == "none" and f"the head at pair.draft={head} reads layers [1, 3, 5]" in said
+    (head / "config.json").write_text(json.dumps({**head_config, "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}))
+    assert resolved(draft=str(head))[0] == "eagle3"
+    monkeypatch.setattr(loop, "run_device", lambda method: "cuda")
+    state, said = resolved()
+    assert state == "none" and "runs on cuda (the states from vLLM are not measured there)" in said
+    monkeypatch.undo()
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    with pytest.raises(ConfigError, match="data.hidden_states=auto: cannot read the config of pair.target="):
+        resolved(target_dir="missing")
     monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda cpuinfo=None: True)  # bf16 there: the forward is cheaper
-    assert resolved() == ("none", resolved()[1]) and "in bf16 on cpu" in resolved()[1]
+    state, said = resolved()
+    assert state == "none" and "in bf16 on this CPU" in said
     kept = SimpleNamespace(data=DatagenSettings(hidden_states="eagle3"), method=TrainSettings(finetune="full"))
-    resolve_hidden_states(kept, str(tmp_path / "target"), print)
+    resolve_hidden_states(kept, str(tmp_path / "target"), None, print)
     assert kept.data.hidden_states == "eagle3"  # only auto is resolved
     assert settings(hidden_states="auto").hidden_states == "none"

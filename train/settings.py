@@ -67,7 +67,8 @@ class DatagenSettings(PromptFormat):
     # (2, L//2, L-3), and the stream after the last layer, the final norm's input): a method=eagle3 train stage
     # reads them instead of running the target over the rows (train/target_states.py) | auto (eagle3 where that
     # train stage would run the target in float32 on a CPU, none elsewhere; the pipeline resolves it before
-    # hashing: draftsmith/preflight.py resolve_hidden_states)
+    # hashing: draftsmith/preflight.py resolve_hidden_states; the Python API's datagen, with no train stage to keep
+    # them for, takes none)
     hidden_states: str = "none"
     vllm: DatagenVllmSettings = field(default_factory=DatagenVllmSettings, metadata=WHERE)  # how the server runs
 
@@ -77,7 +78,7 @@ class DatagenSettings(PromptFormat):
         check_choice("data.responses", self.responses, RESPONSES)
         check_choice("data.hidden_states", self.hidden_states, HIDDEN_STATES)
         check(self.hidden_states != "eagle3" or self.n_completions == 1,
-              "data.hidden_states needs data.n_completions=1: vLLM keeps one sequence's states per request")
+              "data.hidden_states=eagle3 needs data.n_completions=1: vLLM keeps one sequence's states per request")
         if isinstance(self.vllm, dict):  # the Python API and JSON configs may give the section as a dict
             self.vllm = DatagenVllmSettings(**self.vllm)
         check(self.max_new_tokens >= 1, f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
