@@ -188,20 +188,16 @@ def _states_not_kept(data, method, target: str, draft: str | None) -> str | None
         return f"data.n_completions={data.n_completions} (vLLM keeps one sequence's states a request)"
     if data.responses == "given":
         return "every row is a given response (vLLM keeps the states of the rows it generates)"
-    from transformers import AutoConfig
-
-    from draftsmith.decode.eagle3 import default_layers, is_eagle3_dir, read_eagle3_config, target_text_config
+    from draftsmith.decode.eagle3 import default_layers, is_eagle3_dir, read_eagle3_config
     from draftsmith.train.loop import mixed_precision, run_device
+    from draftsmith.train.target_states import layer_count
 
     device = run_device(method)
     if device != "cpu":
         return f"the train stage runs on {device} (the states from vLLM are not measured there)"
     if mixed_precision(method, device) == "bf16":
         return "the train stage runs the target in bf16 on this CPU, where its forward costs less"
-    try:
-        n = int(target_text_config(AutoConfig.from_pretrained(target)).num_hidden_layers)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"data.hidden_states=auto: cannot read the config of pair.target={target} ({exc})") from exc
+    n = layer_count(target, "data.hidden_states=auto")
     kept = default_layers(n)
     if len(set(kept)) != 3:
         return f"pair.target has {n} layers, too few for vLLM's three distinct default layers ({kept})"

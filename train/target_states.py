@@ -31,16 +31,27 @@ from typing import Optional
 STATES_DIR = "hidden_states"
 
 
+def layer_count(target: str, key: str) -> int:
+    """The layer count L of a target folder or hub id, from its config (a ConfigError naming `key` and pair.target
+    where it cannot be read)."""
+    from transformers import AutoConfig
+
+    from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.decode.eagle3 import target_text_config
+
+    try:
+        return int(target_text_config(AutoConfig.from_pretrained(target)).num_hidden_layers)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key}: cannot read the config of pair.target={target} ({exc})") from exc
+
+
 def state_layers(target: str) -> tuple[list[int], int]:
     """(the layers an EAGLE-3 head reads by default, the target's layer count L) of a target folder or hub id: vLLM
     keeps the streams entering those layers and layer L's (after the last layer)."""
-    from transformers import AutoConfig
-
-    from draftsmith.decode.eagle3 import default_layers, target_text_config
-
     from draftsmith.artifacts.errors import ConfigError
+    from draftsmith.decode.eagle3 import default_layers
 
-    n = int(target_text_config(AutoConfig.from_pretrained(target)).num_hidden_layers)
+    n = layer_count(target, "data.hidden_states=eagle3")
     layers = default_layers(n)
     if not 0 <= layers[0] < layers[1] < layers[2] < n:
         raise ConfigError(f"data.hidden_states=eagle3: {target} has {n} layers, too few for an EAGLE-3 head's "
